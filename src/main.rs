@@ -1,0 +1,117 @@
+//! The `strata` binary: command-line parsing and wiring. The work lives in the crates.
+
+mod tier_cmd;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use strata_tiering::agent::Agent;
+use strata_tiering::config::{self, Config};
+
+#[derive(Parser, Debug)]
+#[command(name = "strata", version, about = "Storage acceleration for AI training clusters")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the node agent: the tiered cache, its admin socket and the metrics endpoint.
+    Daemon(DaemonArgs),
+    /// Inspect and steer the tiered cache of a running daemon.
+    Tier(tier_cmd::TierArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct DaemonArgs {
+    /// Config file. Without it, /etc/strata/config.toml is used if present, else built-in defaults.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Overrides `state_dir`.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Overrides `admin.socket`.
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Overrides `metrics.listen` (empty disables the endpoint).
+    #[arg(long)]
+    metrics_listen: Option<String>,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG").unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        match cli.command {
+            Command::Daemon(args) => daemon(args).await,
+            Command::Tier(args) => tier_cmd::run(args).await,
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", render_error(&e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn load_config(path: Option<&PathBuf>) -> anyhow::Result<Config> {
+    let default = PathBuf::from(config::DEFAULT_CONFIG);
+    match path {
+        Some(p) => Ok(Config::load(p)?),
+        None if default.exists() => Ok(Config::load(&default)?),
+        None => Ok(Config::default()),
+    }
+}
+
+async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
+    let mut config = load_config(args.config.as_ref())?;
+    if let Some(d) = args.state_dir {
+        config.state_dir = d;
+    }
+    if let Some(s) = args.socket {
+        config.admin.socket = s;
+    }
+    if let Some(m) = args.metrics_listen {
+        config.metrics.listen = m;
+    }
+    let agent = Agent::start(config).await.context("cannot start the strata daemon")?;
+    agent.run(shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler installs");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler installs");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// The error and its causes, skipping causes that the message above already quotes (our error
+/// types put their source in their own message).
+fn render_error(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+    }
+    out
+}

@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# Single-node Ceph (mon + mgr + memstore OSD + radosgw) on loopback, for
+# integration tests. Runs as root, needs no systemd and no /etc/ceph.
+#   rgw.sh start DIR   # wipe DIR, bring the cluster up, create user + bucket
+#   rgw.sh stop DIR    # kill the daemons, remove DIR
+# Env: RGW_PORT (default 7480), START_TIMEOUT seconds (default 120).
+set -euo pipefail
+
+CMD=${1:-}; DIR=${2:-}
+[[ $CMD == start || $CMD == stop ]] && [[ -n $DIR ]] || { echo "usage: $0 start|stop DIR" >&2; exit 2; }
+DIR=$(realpath -m -- "$DIR")
+CONF=$DIR/ceph.conf
+RGW_PORT=${RGW_PORT:-7480}
+START_TIMEOUT=${START_TIMEOUT:-120}
+AK=strata-test SK=strata-test-secret BUCKET=strata-test
+URL=http://127.0.0.1:$RGW_PORT
+export CEPH_CONF=$CONF
+# Every daemon is started with "-c $CONF", so this string identifies *our* processes.
+CEPH=(timeout 30 ceph -c "$CONF" --connect-timeout 20)
+
+say() { echo "rgw: $*" >&2; }
+
+# PIDs that have our conf path as an argv element (and argv element $1, if
+# given). The pattern comes via stdin so grep's own argv never matches.
+our_pids() {
+  local f
+  for f in $(grep -lzxF -f - /proc/[0-9]*/cmdline 2>/dev/null <<<"$CONF"); do
+    [[ -z ${1:-} ]] || grep -qzxF -f - "$f" 2>/dev/null <<<"$1" || continue
+    f=${f#/proc/}; echo "${f%/cmdline}"
+  done
+}
+
+# Refuse to rm -rf anything that does not look like one of our directories.
+safe_wipe() {
+  [[ $DIR != / && -n $DIR ]] || { say "refusing to wipe '$DIR'"; exit 1; }
+  if [[ -d $DIR && ! -f $CONF && -n $(ls -A "$DIR") ]]; then
+    say "refusing to wipe $DIR: non-empty and has no ceph.conf (not ours?)"; exit 1
+  fi
+  rm -rf -- "$DIR"
+}
+
+stop() {
+  local pids=() p i
+  # Pid files may be stale and the pid reused: only trust ones running our conf.
+  for p in client.rgw.a osd.0 mgr.a mon.a; do
+    p=$(cat "$DIR/run/$p.pid" 2>/dev/null) || continue
+    grep -qzxF -f - "/proc/$p/cmdline" 2>/dev/null <<<"$CONF" && pids+=("$p")
+  done
+  # Fallback for daemons whose pid file is missing (e.g. killed mid-startup).
+  mapfile -t -O ${#pids[@]} pids < <(our_pids)
+  # SIGKILL straight away: all state is thrown away with DIR, and on SIGTERM
+  # memstore dumps the whole store to disk and ceph-mgr can take >10 s to exit.
+  ((${#pids[@]})) && kill -KILL "${pids[@]}" 2>/dev/null || true
+  for ((i = 0; i < 100; i++)); do
+    [[ -z $(our_pids) ]] && break
+    sleep 0.1
+  done
+  [[ -z $(our_pids) ]] || { say "ERROR: processes still alive after SIGKILL: $(our_pids | xargs)"; exit 1; }
+  safe_wipe
+}
+
+logs() {
+  local f
+  for f in "$DIR"/log/{mkfs,mon.a,mgr.a,osd.0,client.rgw.a}.log "$DIR"/log/*.stderr; do
+    [[ -f $f ]] && { echo "----- tail $f" >&2; tail -n 25 "$f" >&2; }
+  done
+  return 0
+}
+die() { say "ERROR: $*"; logs; exit 1; }
+
+# Another cluster (e.g. a leftover from a different DIR) on our ports would make
+# our daemons fail with confusing bind errors; name the culprit instead.
+check_ports() {
+  local port line pid
+  for port in 3300 6789 "$RGW_PORT"; do
+    line=$(ss -Hltnp "sport = :$port" 2>/dev/null | head -n1)
+    [[ -z $line ]] && continue
+    pid=$(grep -o 'pid=[0-9]*' <<<"$line" | head -n1 | cut -d= -f2)
+    say "ERROR: port $port already in use by pid ${pid:-?}: $(tr '\0' ' ' </proc/"${pid:-0}"/cmdline 2>/dev/null || echo '?')"
+    say "if that is a leftover cluster, run: $0 stop <its DIR>"
+    exit 1
+  done
+}
+
+left() { echo $((START_TIMEOUT - SECONDS)); }
+
+start() {
+  SECONDS=0
+  stop
+  check_ports
+  mkdir -p "$DIR"/{run,log,mon,mgr,osd,rgw}
+  local fsid; fsid=$(uuidgen)
+  # Why the non-obvious settings:
+  #  - auth none + ms *mode = crc: with cephx off, radosgw otherwise fails with
+  #    "get_initial_auth_request returned -13" and hangs for rgw_init_timeout.
+  #  - size 1 / chooseleaf 0: one OSD must be enough for PGs to go active.
+  #  - small pg num, no autoscaler: rgw + mgr create ~8 pools; default 32 PGs
+  #    each would exceed mon_max_pg_per_osd on a single OSD and pool creation fails.
+  #  - memstore: no disk formatting, fastest bring-up; capped size, lazily used.
+  #  - [client] admin socket with $pid: concurrent CLI calls must not collide.
+  cat >"$CONF" <<EOF
+[global]
+fsid = $fsid
+mon host = [v2:127.0.0.1:3300,v1:127.0.0.1:6789]
+mon initial members = a
+public addr = 127.0.0.1
+cluster addr = 127.0.0.1
+ms bind ipv6 = false
+auth cluster required = none
+auth service required = none
+auth client required = none
+ms mon client mode = crc
+ms client mode = crc
+ms mon service mode = crc
+ms service mode = crc
+ms cluster mode = crc
+ms mon cluster mode = crc
+keyring = $DIR/keyring
+run dir = $DIR/run
+admin socket = $DIR/run/\$name.asok
+pid file = $DIR/run/\$name.pid
+log file = $DIR/log/\$name.log
+mon data = $DIR/mon/\$id
+mgr data = $DIR/mgr/\$id
+osd data = $DIR/osd/\$id
+rgw data = $DIR/rgw/\$id
+osd pool default size = 1
+osd pool default min size = 1
+mon allow pool size one = true
+mon warn on pool no redundancy = false
+mon allow pool delete = true
+osd crush chooseleaf type = 0
+osd pool default pg num = 8
+osd pool default pgp num = 8
+osd pool default pg autoscale mode = off
+mon max pg per osd = 1000
+osd objectstore = memstore
+memstore device bytes = $((4 << 30))
+mon data avail warn = 1
+mon data avail crit = 0
+[client]
+admin socket = $DIR/run/\$name.\$pid.asok
+[client.rgw.a]
+admin socket = $DIR/run/\$name.asok
+rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT
+rgw init timeout = $START_TIMEOUT
+EOF
+  local asroot=(-c "$CONF" --setuser root --setgroup root)
+
+  monmaptool --create --fsid "$fsid" --addv a "[v2:127.0.0.1:3300,v1:127.0.0.1:6789]" \
+    "$DIR/monmap" >/dev/null
+  ceph-mon "${asroot[@]}" -i a --mkfs --monmap "$DIR/monmap" >"$DIR/log/mkfs.log" 2>&1 \
+    || die "ceph-mon --mkfs failed: $(cat "$DIR/log/mkfs.log")"
+  ceph-mon "${asroot[@]}" -i a 2>"$DIR/log/mon.stderr" || die "ceph-mon failed to start"
+  mkdir -p "$DIR/mgr/a"
+  ceph-mgr "${asroot[@]}" -i a 2>"$DIR/log/mgr.stderr" || die "ceph-mgr failed to start"
+
+  local uuid id; uuid=$(uuidgen)
+  id=$("${CEPH[@]}" osd new "$uuid" 2>>"$DIR/log/mkfs.log") || die "ceph osd new failed (mon not up?)"
+  mkdir -p "$DIR/osd/$id"
+  ceph-osd "${asroot[@]}" -i "$id" --mkfs --osd-uuid "$uuid" >>"$DIR/log/mkfs.log" 2>&1 \
+    || die "ceph-osd --mkfs failed: $(tail -n 20 "$DIR/log/mkfs.log")"
+  ceph-osd "${asroot[@]}" -i "$id" 2>"$DIR/log/osd.stderr" || die "ceph-osd failed to start"
+
+  mkdir -p "$DIR/rgw/rgw.a"
+  radosgw "${asroot[@]}" -n client.rgw.a 2>"$DIR/log/rgw.stderr" || die "radosgw failed to start"
+
+  # rgw only listens after it has created its pools, i.e. after the OSD is up
+  # and PGs are active; any HTTP status means it is serving.
+  # (radosgw writes its pid file only some time after forking, so look it up
+  # by command line to notice an early crash instead of waiting out the timeout.)
+  local code
+  until code=$(curl -s -o /dev/null -m 2 -w '%{http_code}' "$URL/") && [[ $code != 000 ]]; do
+    (($(left) > 0)) || die "radosgw did not answer on $URL within ${START_TIMEOUT}s"
+    [[ -n $(our_pids radosgw) ]] || die "radosgw exited during startup"
+    sleep 0.5
+  done
+
+  timeout "$(left)" radosgw-admin -c "$CONF" user create --uid "$AK" --display-name "strata tests" \
+    --access-key "$AK" --secret-key "$SK" >"$DIR/log/user.json" 2>>"$DIR/log/mkfs.log" \
+    || die "radosgw-admin user create failed: $(tail -n 5 "$DIR/log/mkfs.log")"
+
+  # rgw checks x-amz-content-sha256, which curl's --aws-sigv4 does not send itself.
+  s3() { curl -sS -m "$(left)" --fail-with-body --aws-sigv4 "aws:amz:us-east-1:s3" \
+    --user "$AK:$SK" -H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' "$@"; }
+  s3 -X PUT "$URL/$BUCKET" >/dev/null || die "creating bucket $BUCKET failed"
+  local probe got; probe="strata probe $fsid"
+  s3 -X PUT --data-binary "$probe" "$URL/$BUCKET/.rgw-sh-probe" >/dev/null || die "probe PUT failed"
+  got=$(s3 "$URL/$BUCKET/.rgw-sh-probe") || die "probe GET failed"
+  [[ $got == "$probe" ]] || die "probe round-trip mismatch: got '$got'"
+  s3 -X DELETE "$URL/$BUCKET/.rgw-sh-probe" >/dev/null || die "probe DELETE failed"
+
+  echo "rgw: ready at $URL (bucket $BUCKET) in $SECONDS s"
+}
+
+"$CMD"

@@ -1,0 +1,126 @@
+//! A small client of the admin API over its unix socket, for the CLI and tests.
+
+use super::api::ApiError;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request};
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error(
+        "cannot reach the strata daemon at {socket}: {source}\n  is it running? start it with `strata daemon --config /etc/strata/config.toml` (or `systemctl start strata`), or point --socket at its admin socket"
+    )]
+    NotRunning { socket: PathBuf, source: std::io::Error },
+    #[error("talking to the daemon at {socket} failed: {message}")]
+    Transport { socket: PathBuf, message: String },
+    #[error("{message}")]
+    Api { status: u16, message: String },
+    #[error("the daemon's answer was not understood: {0}")]
+    Decode(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct AdminClient {
+    socket: PathBuf,
+}
+
+impl AdminClient {
+    pub fn new(socket: impl Into<PathBuf>) -> Self {
+        AdminClient { socket: socket.into() }
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    async fn call(&self, method: Method, path: &str, body: Bytes, content_type: &str) -> Result<Bytes, ClientError> {
+        let stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .map_err(|source| ClientError::NotRunning { socket: self.socket.clone(), source })?;
+        let transport =
+            |e: hyper::Error| ClientError::Transport { socket: self.socket.clone(), message: e.to_string() };
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(transport)?;
+        tokio::spawn(conn);
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "strata")
+            .header("content-type", content_type)
+            .body(Full::new(body))
+            .expect("static request parts are valid");
+        let resp = sender.send_request(req).await.map_err(transport)?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await.map_err(transport)?.to_bytes();
+        if !status.is_success() {
+            let message = serde_json::from_slice::<ApiError>(&bytes)
+                .map(|e| e.error)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+            return Err(ClientError::Api { status: status.as_u16(), message });
+        }
+        Ok(bytes)
+    }
+
+    fn decode<T: DeserializeOwned>(b: Bytes) -> Result<T, ClientError> {
+        serde_json::from_slice(&b).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        Self::decode(self.call(Method::GET, path, Bytes::new(), "application/json").await?)
+    }
+
+    pub async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, ClientError> {
+        let body = Bytes::from(serde_json::to_vec(body).expect("requests serialise"));
+        Self::decode(self.call(Method::POST, path, body, "application/json").await?)
+    }
+
+    /// Reads an object through the daemon's cache into `out`; returns the bytes written.
+    pub async fn read_to(&self, path: &str, out: &mut (impl tokio::io::AsyncWrite + Unpin)) -> Result<u64, ClientError> {
+        use tokio::io::AsyncWriteExt;
+        let stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .map_err(|source| ClientError::NotRunning { socket: self.socket.clone(), source })?;
+        let transport = |e: String| ClientError::Transport { socket: self.socket.clone(), message: e };
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| transport(e.to_string()))?;
+        tokio::spawn(conn);
+        let req = Request::builder()
+            .uri(format!("{}/{}", super::api::READ, path.trim_start_matches('/')))
+            .header("host", "strata")
+            .body(Full::new(Bytes::new()))
+            .expect("static request parts are valid");
+        let resp = sender.send_request(req).await.map_err(|e| transport(e.to_string()))?;
+        let status = resp.status();
+        let expected: Option<u64> =
+            resp.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+        let mut body = resp.into_body();
+        if !status.is_success() {
+            let bytes = body.collect().await.map_err(|e| transport(e.to_string()))?.to_bytes();
+            let message = serde_json::from_slice::<ApiError>(&bytes)
+                .map(|e| e.error)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+            return Err(ClientError::Api { status: status.as_u16(), message });
+        }
+        let mut n = 0u64;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| transport(format!("read of {path} broke off after {n} bytes: {e}")))?;
+            if let Ok(data) = frame.into_data() {
+                out.write_all(&data).await.map_err(|e| transport(e.to_string()))?;
+                n += data.len() as u64;
+            }
+        }
+        if expected.is_some_and(|e| e != n) {
+            return Err(transport(format!("read of {path} broke off after {n} of {} bytes", expected.unwrap_or(0))));
+        }
+        out.flush().await.map_err(|e| transport(e.to_string()))?;
+        Ok(n)
+    }
+
+    pub async fn put_text<T: DeserializeOwned>(&self, path: &str, text: String) -> Result<T, ClientError> {
+        Self::decode(self.call(Method::PUT, path, Bytes::from(text), "application/toml").await?)
+    }
+}

@@ -1,0 +1,452 @@
+//! The public face of the tiered cache: async reads with coalesced misses, and the operator
+//! actions (pin, evict, demote, apply policy) that the admin API exposes.
+
+use crate::core::{Core, Pin};
+use crate::error::{CacheError, FetchError};
+use crate::index::now_ms;
+use crate::key::{ChunkKey, KeyId};
+use crate::metrics::{self, Metrics};
+use crate::pattern::PathPattern;
+use crate::policy::Policy;
+use crate::restore;
+use crate::status::{CacheStatus, TierStatus};
+use crate::tier::{Tier, TierConfig, TierKind};
+use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+/// Produces the bytes of a chunk on a miss: a ranged GET, a registry fetch, anything. The bytes
+/// it returns must already be verified as far as the source allows; the cache checksums them
+/// from then on.
+pub trait Fetcher: Send + Sync + 'static {
+    fn fetch(&self, key: &ChunkKey) -> BoxFuture<'static, Result<Bytes, FetchError>>;
+}
+
+/// Where a read may place a fetched chunk.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GetOptions {
+    /// Tier to store a fetched chunk in; default: the pinned tier, else hot.
+    pub tier: Option<TierKind>,
+}
+
+/// Settings the cache needs to open.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    pub hot: TierConfig,
+    pub warm: Option<TierConfig>,
+    /// Where pins and the access history are kept.
+    pub state_dir: PathBuf,
+    pub policy: Policy,
+}
+
+type SharedFetch = Shared<BoxFuture<'static, Result<Bytes, FetchError>>>;
+
+/// The tiered chunk cache. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct TieredCache {
+    core: Arc<Core>,
+    inflight: Arc<Mutex<HashMap<KeyId, SharedFetch>>>,
+}
+
+/// What a maintenance action did.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Moved {
+    pub chunks: u64,
+    pub bytes: u64,
+    /// Matching chunks left alone because they are pinned.
+    pub skipped_pinned: u64,
+}
+
+impl TieredCache {
+    /// Opens the tiers, rebuilds the index from the files they hold, and restores pins and
+    /// access history from the state dir. Blocking: call before serving.
+    pub fn open(config: CacheConfig) -> Result<TieredCache, CacheError> {
+        let mut policy = config.policy;
+        policy.validate().map_err(|e| CacheError::State { path: "policy".into(), message: e.to_string() })?;
+        let open = |kind, c: TierConfig| {
+            let path = c.path.clone();
+            Tier::open(kind, c).map_err(|e| CacheError::io("opening tier directory", &path, e))
+        };
+        let hot = open(TierKind::Hot, config.hot)?;
+        let warm = config.warm.map(|c| open(TierKind::Warm, c)).transpose()?;
+        std::fs::create_dir_all(&config.state_dir)
+            .map_err(|e| CacheError::io("creating state dir", &config.state_dir, e))?;
+        let metrics = Metrics::default();
+        let core = Core {
+            tiers: [Some(hot), warm],
+            index: Default::default(),
+            policy: std::sync::RwLock::new(policy),
+            pins: std::sync::RwLock::new(restore::load_pins(&config.state_dir)),
+            metrics,
+            state_dir: config.state_dir,
+        };
+        for t in core.tiers.iter().flatten() {
+            core.metrics.capacity.get_or_create(&metrics::tier(t.kind)).set(t.capacity() as i64);
+        }
+        let report = restore::rebuild_index(&core);
+        info!(
+            chunks = report.chunks,
+            bytes = report.bytes,
+            discarded = report.discarded,
+            "cache index rebuilt from tier directories"
+        );
+        let cache = TieredCache { core: Arc::new(core), inflight: Default::default() };
+        // The configured capacity may have shrunk since the files were written.
+        for t in TierKind::ALL {
+            cache.core.enforce_watermark(t);
+        }
+        Ok(cache)
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.core.metrics
+    }
+
+    /// Reads a chunk: hot, then warm (promoting in the background), then the fetcher. Misses on
+    /// one chunk share one fetch.
+    pub async fn get(&self, key: &ChunkKey, fetcher: Arc<dyn Fetcher>, opts: GetOptions) -> Result<Bytes, CacheError> {
+        let resolved = self.core.resolve(&key.path);
+        let id = key.id();
+        for _ in 0..3 {
+            if !resolved.no_cache {
+                let core = self.core.clone();
+                let k = key.clone();
+                let hit = tokio::task::spawn_blocking(move || core.lookup(&k, &id))
+                    .await
+                    .map_err(|e| CacheError::Task(e.to_string()))?;
+                if let Some(hit) = hit {
+                    if hit.promote && opts.tier != Some(TierKind::Warm) {
+                        let core = self.core.clone();
+                        tokio::task::spawn_blocking(move || core.promote(&id));
+                    }
+                    return Ok(hit.bytes);
+                }
+            }
+            let fut = {
+                let mut map = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(f) = map.get(&id) {
+                    self.core.metrics.coalesced.inc();
+                    f.clone()
+                } else if !resolved.no_cache && self.core.contains(&id) {
+                    // The fetch we would have joined finished between our lookup and now.
+                    continue;
+                } else {
+                    let f = self.spawn_fetch(key.clone(), id, fetcher.clone(), opts, resolved.no_cache);
+                    map.insert(id, f.clone());
+                    f
+                }
+            };
+            return fut.await.map_err(|source| CacheError::Fetch { key: key.to_string(), source });
+        }
+        Err(CacheError::Task(format!("chunk {key} kept vanishing from the cache while being read")))
+    }
+
+    fn spawn_fetch(
+        &self,
+        key: ChunkKey,
+        id: KeyId,
+        fetcher: Arc<dyn Fetcher>,
+        opts: GetOptions,
+        no_cache: bool,
+    ) -> SharedFetch {
+        let core = self.core.clone();
+        let inflight = self.inflight.clone();
+        // The fetch runs as its own task so a reader that gives up does not cancel it for the
+        // others waiting on the same chunk.
+        let task = tokio::spawn(async move {
+            let started = Instant::now();
+            core.metrics.cold_fetches.inc();
+            let result = fetcher.fetch(&key).await;
+            core.metrics.cold_fetch_seconds.0.observe(started.elapsed().as_secs_f64());
+            let result = match result {
+                Ok(data) => {
+                    core.metrics.cold_fetch_bytes.inc_by(data.len() as u64);
+                    if !no_cache {
+                        let prefer = opts.tier.or(core.resolve(&key.path).pin).unwrap_or(TierKind::Hot);
+                        let (c, k, d) = (core.clone(), key.clone(), data.clone());
+                        let stored = tokio::task::spawn_blocking(move || c.store_anywhere(&k, &d, prefer)).await;
+                        match stored {
+                            Ok(Ok(_)) => {}
+                            Ok(Err(e)) => warn!(chunk = %key, error = %e, "serving chunk without caching it"),
+                            Err(e) => warn!(chunk = %key, error = %e, "caching task failed"),
+                        }
+                    }
+                    Ok(data)
+                }
+                Err(e) => {
+                    core.metrics.cold_fetch_errors.inc();
+                    Err(e)
+                }
+            };
+            inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            result
+        });
+        async move {
+            match task.await {
+                Ok(r) => r,
+                Err(e) => Err(Arc::new(e) as FetchError),
+            }
+        }
+        .boxed()
+        .shared()
+    }
+
+    /// Serves a chunk only if a local tier holds it; never fetches. For callers on their own
+    /// threads (FUSE workers, benchmarks) that want no async hop on a hit.
+    pub fn get_local_blocking(&self, key: &ChunkKey) -> Option<Bytes> {
+        self.core.lookup(key, &key.id()).map(|h| h.bytes)
+    }
+
+    /// Which tier holds a chunk, if any.
+    pub fn location(&self, key: &ChunkKey) -> Option<TierKind> {
+        self.core.lock().entries.get(&key.id()).map(|e| e.tier)
+    }
+
+    /// Stores bytes the caller already has (e.g. a staged checkpoint) under `key`.
+    pub async fn put(&self, key: ChunkKey, data: Bytes, tier: TierKind) -> Result<TierKind, CacheError> {
+        let core = self.core.clone();
+        tokio::task::spawn_blocking(move || core.store_anywhere(&key, &data, tier))
+            .await
+            .map_err(|e| CacheError::Task(e.to_string()))?
+    }
+
+    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&Core) -> T + Send + 'static) -> Result<T, CacheError> {
+        let core = self.core.clone();
+        tokio::task::spawn_blocking(move || f(&core)).await.map_err(|e| CacheError::Task(e.to_string()))
+    }
+
+    /// Pins a path pattern to a tier. Fails, changing nothing, if the pinned data already cached
+    /// would not fit under the tier's high watermark.
+    pub async fn pin(&self, pattern: PathPattern, tier: TierKind) -> Result<Moved, CacheError> {
+        self.blocking(move |core| {
+            let t = core.tier(tier)?;
+            let mut moved = Moved::default();
+            {
+                let ix = core.lock();
+                let mut needed = 0;
+                for e in ix.entries.values() {
+                    let now_pinned_here = if pattern.matches(&e.key.path) { Some(tier) } else { e.pin };
+                    if pattern.matches(&e.key.path) {
+                        moved.chunks += 1;
+                        moved.bytes += e.data_len;
+                    }
+                    if now_pinned_here == Some(tier) {
+                        needed += e.disk_len;
+                    }
+                }
+                if needed > t.high_bytes() {
+                    return Err(CacheError::PinTooLarge {
+                        pattern: pattern.to_string(),
+                        tier,
+                        needed,
+                        limit: t.high_bytes(),
+                    });
+                }
+            }
+            {
+                let mut pins = core.pins.write().unwrap_or_else(|p| p.into_inner());
+                pins.retain(|p| p.pattern != pattern);
+                pins.push(Pin { pattern: pattern.clone(), tier });
+                restore::save_pins(&core.state_dir, &pins)?;
+            }
+            core.refresh_pins();
+            // Bring the pinned chunks to their tier now rather than at the next policy pass.
+            let from = match tier {
+                TierKind::Hot => TierKind::Warm,
+                TierKind::Warm => TierKind::Hot,
+            };
+            for (id, _, _) in core.claim(|e, _| e.tier == from && pattern.matches(&e.key.path)) {
+                core.relocate(&id, from, tier);
+            }
+            Ok(moved)
+        })
+        .await?
+    }
+
+    /// Removes pins with exactly this pattern. Returns how many were removed.
+    pub async fn unpin(&self, pattern: PathPattern) -> Result<usize, CacheError> {
+        self.blocking(move |core| {
+            let removed = {
+                let mut pins = core.pins.write().unwrap_or_else(|p| p.into_inner());
+                let before = pins.len();
+                pins.retain(|p| p.pattern != pattern);
+                restore::save_pins(&core.state_dir, &pins)?;
+                before - pins.len()
+            };
+            core.refresh_pins();
+            Ok(removed)
+        })
+        .await?
+    }
+
+    pub fn pins(&self) -> Vec<Pin> {
+        self.core.pins.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.core.policy().clone()
+    }
+
+    /// Replaces the policy. The caller validated it.
+    pub fn set_policy(&self, policy: Policy) {
+        *self.core.policy.write().unwrap_or_else(|p| p.into_inner()) = policy;
+        self.core.refresh_pins();
+    }
+
+    /// Drops every unpinned chunk whose path matches.
+    pub async fn evict(&self, pattern: PathPattern) -> Result<Moved, CacheError> {
+        self.blocking(move |core| {
+            let mut moved = Moved::default();
+            let claimed = core.claim(|e, r| {
+                if !pattern.matches(&e.key.path) {
+                    return false;
+                }
+                r.pin.is_none()
+            });
+            for (id, _, _) in claimed {
+                if let Some(e) = core.evict(&id, "manual") {
+                    moved.chunks += 1;
+                    moved.bytes += e.data_len;
+                }
+            }
+            moved.skipped_pinned =
+                core.lock().entries.values().filter(|e| e.pin.is_some() && pattern.matches(&e.key.path)).count() as u64;
+            moved
+        })
+        .await
+    }
+
+    /// Demotes hot chunks idle for at least `idle` (the policy's `hot_idle` when `None`) to warm.
+    pub async fn demote(&self, idle: Option<Duration>) -> Result<Moved, CacheError> {
+        self.blocking(move |core| demote_idle(core, idle)).await
+    }
+
+    /// One pass of the policy: TTL expiry, idle demotion and eviction, pinned chunks brought to
+    /// their tier, then watermarks. The daemon runs this periodically.
+    pub async fn apply_policy(&self) -> Result<PolicyPass, CacheError> {
+        self.blocking(|core| {
+            let now = now_ms();
+            let mut pass = PolicyPass::default();
+            let expired = core.claim(|e, r| {
+                e.pin.is_none() && r.ttl.is_some_and(|t| now.saturating_sub(e.inserted_ms) > t.as_millis() as u64)
+            });
+            for (id, _, _) in expired {
+                core.evict(&id, "ttl");
+                pass.expired += 1;
+            }
+            pass.demoted = demote_idle(core, None).chunks;
+            let stale = core.claim(|e, r| {
+                e.tier == TierKind::Warm
+                    && e.pin.is_none()
+                    && r.warm_idle.is_some_and(|w| now.saturating_sub(e.last_ms) >= w.as_millis() as u64)
+            });
+            for (id, _, _) in stale {
+                core.evict(&id, "idle");
+                pass.evicted += 1;
+            }
+            let misplaced = core.claim(|e, _| e.pin.is_some_and(|p| p != e.tier));
+            for (id, tier, _) in misplaced {
+                let to = match tier {
+                    TierKind::Hot => TierKind::Warm,
+                    TierKind::Warm => TierKind::Hot,
+                };
+                if core.relocate(&id, tier, to) {
+                    pass.repinned += 1;
+                }
+            }
+            for t in TierKind::ALL {
+                pass.watermark_moves += core.enforce_watermark(t) as u64;
+            }
+            if let Err(e) = restore::save_access(core) {
+                warn!(error = %e, "could not persist access history");
+            }
+            pass
+        })
+        .await
+    }
+
+    /// Persists access history; call on shutdown.
+    pub async fn flush(&self) -> Result<(), CacheError> {
+        self.blocking(restore::save_access).await?
+    }
+
+    pub fn status(&self) -> CacheStatus {
+        let ix = self.core.lock();
+        let m = &self.core.metrics;
+        let tiers = self
+            .core
+            .tiers
+            .iter()
+            .flatten()
+            .map(|t| {
+                let l = metrics::tier(t.kind);
+                let hits = m.hits.get_or_create(&l).get();
+                let misses = m.misses.get_or_create(&l).get();
+                TierStatus {
+                    tier: t.kind,
+                    path: t.config.path.clone(),
+                    capacity: t.capacity(),
+                    high_watermark: t.config.high_watermark,
+                    low_watermark: t.config.low_watermark,
+                    used: ix.used[t.kind.index()],
+                    chunks: ix.chunks[t.kind.index()],
+                    pinned: ix.pinned_bytes(t.kind),
+                    hits,
+                    misses,
+                    hit_ratio: if hits + misses == 0 { 0.0 } else { hits as f64 / (hits + misses) as f64 },
+                    bytes_in: m.bytes_written.get_or_create(&l).get(),
+                    bytes_out: m.bytes_read.get_or_create(&l).get(),
+                }
+            })
+            .collect();
+        CacheStatus {
+            tiers,
+            cold_fetches: m.cold_fetches.get(),
+            cold_fetch_errors: m.cold_fetch_errors.get(),
+            cold_bytes: m.cold_fetch_bytes.get(),
+            checksum_failures: TierKind::ALL
+                .iter()
+                .map(|t| m.checksum_failures.get_or_create(&metrics::tier(*t)).get())
+                .sum(),
+            promotions: m.promotions.get(),
+            demotions: m.demotions.get(),
+            evictions: m.evictions_total(),
+        }
+    }
+}
+
+fn demote_idle(core: &Core, idle: Option<Duration>) -> Moved {
+    let mut moved = Moved::default();
+    if core.tier(TierKind::Warm).is_err() {
+        return moved;
+    }
+    let now = now_ms();
+    let claimed = core.claim(|e, r| {
+        let limit = idle.unwrap_or(r.hot_idle).as_millis() as u64;
+        e.tier == TierKind::Hot && e.pin != Some(TierKind::Hot) && now.saturating_sub(e.last_ms) >= limit
+    });
+    moved.skipped_pinned =
+        core.lock().entries.values().filter(|e| e.tier == TierKind::Hot && e.pin == Some(TierKind::Hot)).count() as u64;
+    for (id, _, len) in claimed {
+        if core.relocate(&id, TierKind::Hot, TierKind::Warm) {
+            moved.chunks += 1;
+            moved.bytes += len;
+        }
+    }
+    moved
+}
+
+/// What one policy pass did.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PolicyPass {
+    pub expired: u64,
+    pub demoted: u64,
+    pub evicted: u64,
+    pub repinned: u64,
+    pub watermark_moves: u64,
+}

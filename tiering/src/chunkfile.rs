@@ -1,0 +1,182 @@
+//! The on-disk form of one cached chunk: a small header, the key, then the plain bytes.
+//!
+//! The header carries the CRC32C of the data, checked on every read, so a flipped bit, a torn
+//! write or a file from another key can never be served. The key is stored too, so an index can
+//! be rebuilt from the files alone.
+
+use crate::key::{ChunkKey, KeyId};
+use bytes::Bytes;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::path::Path;
+
+const MAGIC: &[u8; 4] = b"STRC";
+const VERSION: u8 = 1;
+/// magic(4) version(1) reserved(3) data_len(8) crc32c(4) key_len(4)
+pub const FIXED_HEADER: usize = 24;
+
+/// Why a chunk file could not be used. Each of these is treated as a cache miss.
+#[derive(Debug, thiserror::Error)]
+pub enum ChunkFileError {
+    #[error("i/o error: {0}")]
+    Io(#[from] io::Error),
+    #[error("not a chunk file (bad magic or version)")]
+    BadHeader,
+    #[error("chunk file is torn: header says {expected} bytes, file holds {actual}")]
+    Torn { expected: u64, actual: u64 },
+    #[error("chunk file holds key {found:?}, expected {expected:?}")]
+    WrongKey { expected: KeyId, found: KeyId },
+    #[error("checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    Checksum { stored: u32, computed: u32 },
+    #[error("key metadata unreadable: {0}")]
+    Key(String),
+}
+
+/// Header fields read back from a file.
+#[derive(Debug, Clone)]
+pub struct Header {
+    pub key: ChunkKey,
+    pub data_len: u64,
+    pub crc: u32,
+    pub data_offset: u64,
+}
+
+impl Header {
+    pub fn file_len(&self) -> u64 {
+        self.data_offset + self.data_len
+    }
+}
+
+/// Bytes a chunk of `data_len` occupies on disk, header included.
+pub fn encoded_len(key: &ChunkKey, data_len: u64) -> u64 {
+    FIXED_HEADER as u64 + key_bytes(key).len() as u64 + data_len
+}
+
+fn key_bytes(key: &ChunkKey) -> Vec<u8> {
+    serde_json::to_vec(key).expect("chunk keys always serialise")
+}
+
+/// Writes `data` for `key` to the temp file `tmp`; the caller renames it into place, so a reader
+/// never sees a partial file under a chunk's name. `sync` adds an fsync before returning.
+pub fn write_tmp(tmp: &Path, key: &ChunkKey, data: &[u8], sync: bool) -> io::Result<u64> {
+    let kb = key_bytes(key);
+    let mut hdr = Vec::with_capacity(FIXED_HEADER + kb.len());
+    hdr.extend_from_slice(MAGIC);
+    hdr.push(VERSION);
+    hdr.extend_from_slice(&[0, 0, 0]);
+    hdr.extend_from_slice(&(data.len() as u64).to_le_bytes());
+    hdr.extend_from_slice(&crc32c::crc32c(data).to_le_bytes());
+    hdr.extend_from_slice(&(kb.len() as u32).to_le_bytes());
+    hdr.extend_from_slice(&kb);
+    let result = (|| {
+        let mut f = File::create(tmp)?;
+        f.write_all(&hdr)?;
+        f.write_all(data)?;
+        if sync {
+            f.sync_data()?;
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(tmp);
+    }
+    result.map(|_| (hdr.len() + data.len()) as u64)
+}
+
+/// Reads only the header and key; used when rebuilding an index by scanning.
+pub fn read_header(path: &Path) -> Result<Header, ChunkFileError> {
+    let mut f = File::open(path)?;
+    let file_len = f.metadata()?.len();
+    let h = parse_header(&mut f)?;
+    if h.file_len() != file_len {
+        return Err(ChunkFileError::Torn { expected: h.file_len(), actual: file_len });
+    }
+    Ok(h)
+}
+
+fn parse_header(f: &mut File) -> Result<Header, ChunkFileError> {
+    let mut fixed = [0u8; FIXED_HEADER];
+    f.read_exact(&mut fixed).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => ChunkFileError::BadHeader,
+        _ => e.into(),
+    })?;
+    if &fixed[0..4] != MAGIC || fixed[4] != VERSION {
+        return Err(ChunkFileError::BadHeader);
+    }
+    let data_len = u64::from_le_bytes(fixed[8..16].try_into().expect("8 bytes"));
+    let crc = u32::from_le_bytes(fixed[16..20].try_into().expect("4 bytes"));
+    let key_len = u32::from_le_bytes(fixed[20..24].try_into().expect("4 bytes")) as usize;
+    if key_len > 64 * 1024 {
+        return Err(ChunkFileError::BadHeader);
+    }
+    let mut kb = vec![0u8; key_len];
+    f.read_exact(&mut kb).map_err(|_| ChunkFileError::BadHeader)?;
+    let key: ChunkKey = serde_json::from_slice(&kb).map_err(|e| ChunkFileError::Key(e.to_string()))?;
+    Ok(Header { key, data_len, crc, data_offset: (FIXED_HEADER + key_len) as u64 })
+}
+
+/// Reads and verifies the chunk for `expect`. Returns the plain bytes only when the length,
+/// the key and the checksum all match.
+pub fn read_verified(path: &Path, expect: KeyId) -> Result<Bytes, ChunkFileError> {
+    read_verified_file(File::open(path)?, expect)
+}
+
+/// As [`read_verified`], from a file the caller opened (under the index lock, so eviction cannot
+/// unlink it first).
+pub fn read_verified_file(mut f: File, expect: KeyId) -> Result<Bytes, ChunkFileError> {
+    let file_len = f.metadata()?.len();
+    let h = parse_header(&mut f)?;
+    if h.file_len() != file_len {
+        return Err(ChunkFileError::Torn { expected: h.file_len(), actual: file_len });
+    }
+    let found = h.key.id();
+    if found != expect {
+        return Err(ChunkFileError::WrongKey { expected: expect, found });
+    }
+    let mut data = vec![0u8; h.data_len as usize];
+    f.read_exact(&mut data)?;
+    let computed = crc32c::crc32c(&data);
+    if computed != h.crc {
+        return Err(ChunkFileError::Checksum { stored: h.crc, computed });
+    }
+    Ok(Bytes::from(data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> ChunkKey {
+        ChunkKey::object("a/b", "etag", 3, 1 << 20)
+    }
+
+    #[test]
+    fn round_trip_and_detects_flips() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c");
+        let data: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
+        let n = write_tmp(&p, &key(), &data, false).unwrap();
+        assert_eq!(n, encoded_len(&key(), data.len() as u64));
+        assert_eq!(read_verified(&p, key().id()).unwrap(), data);
+
+        let mut raw = std::fs::read(&p).unwrap();
+        let last = raw.len() - 1;
+        raw[last] ^= 0x01;
+        std::fs::write(&p, &raw).unwrap();
+        assert!(matches!(read_verified(&p, key().id()), Err(ChunkFileError::Checksum { .. })));
+    }
+
+    #[test]
+    fn detects_torn_and_foreign_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c");
+        write_tmp(&p, &key(), &[9u8; 100], false).unwrap();
+        let other = ChunkKey::digest("x", "sha256:1").id();
+        assert!(matches!(read_verified(&p, other), Err(ChunkFileError::WrongKey { .. })));
+        let raw = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &raw[..raw.len() - 10]).unwrap();
+        assert!(matches!(read_header(&p), Err(ChunkFileError::Torn { .. })));
+        std::fs::write(&p, b"garbage").unwrap();
+        assert!(matches!(read_verified(&p, key().id()), Err(ChunkFileError::BadHeader)));
+    }
+}

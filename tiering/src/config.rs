@@ -1,0 +1,278 @@
+//! The node agent's config file (`/etc/strata/config.toml`). Every key has a default, so an empty
+//! file (or none) runs Strata on a local directory as the cold store with the tiers under
+//! `state_dir`. `docs/CONFIG.md` lists every key.
+
+use crate::cache::CacheConfig;
+use crate::policy::Policy;
+use crate::source::ColdConfig;
+use crate::tier::TierConfig;
+use crate::units::{ByteSize, Dur};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_CONFIG: &str = "/etc/strata/config.toml";
+pub const DEFAULT_SOCKET: &str = "/run/strata/admin.sock";
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/strata";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default = "default_state_dir")]
+    pub state_dir: PathBuf,
+    #[serde(default)]
+    pub admin: AdminConfig,
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+    #[serde(default)]
+    pub cold: ColdConfig,
+    #[serde(default)]
+    pub tiers: TiersConfig,
+    #[serde(default)]
+    pub policy: PolicyConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    #[serde(default = "default_socket")]
+    pub socket: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// `host:port` for the Prometheus endpoint; empty disables it.
+    #[serde(default = "default_metrics")]
+    pub listen: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TiersConfig {
+    #[serde(default)]
+    pub hot: TierSpec,
+    #[serde(default = "default_warm")]
+    pub warm: TierSpec,
+}
+
+/// One tier as written in the config; unset fields take defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TierSpec {
+    /// Default `<state_dir>/hot` or `<state_dir>/warm`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// Default 10GiB for hot, 50GiB for warm. A warm capacity of 0 disables the warm tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<ByteSize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high_watermark: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub low_watermark: Option<f64>,
+    #[serde(default)]
+    pub fsync: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// The policy TOML. `strata tier policy set` rewrites it. Default `<state_dir>/policy.toml`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<PathBuf>,
+    /// How often the background task applies the policy.
+    #[serde(default = "default_interval")]
+    pub interval: Dur,
+}
+
+fn default_state_dir() -> PathBuf {
+    PathBuf::from(DEFAULT_STATE_DIR)
+}
+fn default_socket() -> PathBuf {
+    PathBuf::from(DEFAULT_SOCKET)
+}
+fn default_metrics() -> String {
+    "127.0.0.1:9464".into()
+}
+fn default_warm() -> TierSpec {
+    TierSpec::default()
+}
+fn default_interval() -> Dur {
+    Dur::secs(30)
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig { socket: default_socket() }
+    }
+}
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig { listen: default_metrics() }
+    }
+}
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig { file: None, interval: default_interval() }
+    }
+}
+impl Default for Config {
+    fn default() -> Self {
+        Config::from_toml("").expect("the empty config is valid")
+    }
+}
+
+/// A config that cannot be used; `key` names the setting, e.g. `tiers.hot.capacity`.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{origin}: {key}: {message}")]
+pub struct ConfigError {
+    pub origin: String,
+    pub key: String,
+    pub message: String,
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            origin: path.display().to_string(),
+            key: "(file)".into(),
+            message: format!("cannot read config file: {e}"),
+        })?;
+        Config::from_toml(&text).map_err(|mut e| {
+            e.origin = path.display().to_string();
+            e
+        })
+    }
+
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let err = |key: String, message: String| ConfigError { origin: "config".into(), key, message };
+        let de = toml::Deserializer::parse(text).map_err(|e| err("(syntax)".into(), e.to_string()))?;
+        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            err(if key == "." { "(top level)".into() } else { key }, e.inner().message().to_string())
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let err = |key: String, message: String| Err(ConfigError { origin: "config".into(), key, message });
+        if self.tiers.hot.capacity == Some(ByteSize(0)) {
+            return err("tiers.hot.capacity".into(), "must be above 0".into());
+        }
+        for (name, spec, default_cap) in self.tier_specs() {
+            if let Some(tc) = self.tier_config(spec, name, default_cap)
+                && let Err((key, message)) = tc.validate(&format!("tiers.{name}"))
+            {
+                return err(key, message);
+            }
+        }
+        if let (Some(h), Some(w)) = (&self.tiers.hot.path, &self.tiers.warm.path)
+            && h == w
+        {
+            return err("tiers.warm.path".into(), "must differ from tiers.hot.path".into());
+        }
+        if !self.metrics.listen.is_empty() && self.metrics.listen.parse::<std::net::SocketAddr>().is_err() {
+            return err("metrics.listen".into(), format!("`{}` is not host:port", self.metrics.listen));
+        }
+        if self.policy.interval.0.is_zero() {
+            return err("policy.interval".into(), "must be above 0s".into());
+        }
+        Ok(())
+    }
+
+    fn tier_specs(&self) -> [(&'static str, &TierSpec, ByteSize); 2] {
+        [("hot", &self.tiers.hot, ByteSize::gib(10)), ("warm", &self.tiers.warm, ByteSize::gib(50))]
+    }
+
+    fn tier_config(&self, spec: &TierSpec, name: &str, default_cap: ByteSize) -> Option<TierConfig> {
+        let capacity = spec.capacity.unwrap_or(default_cap);
+        if capacity.0 == 0 {
+            return None;
+        }
+        let mut tc = TierConfig::new(spec.path.clone().unwrap_or_else(|| self.state_dir.join(name)), capacity.0);
+        if let Some(h) = spec.high_watermark {
+            tc.high_watermark = h;
+        }
+        if let Some(l) = spec.low_watermark {
+            tc.low_watermark = l;
+        }
+        tc.fsync = spec.fsync;
+        Some(tc)
+    }
+
+    pub fn policy_file(&self) -> PathBuf {
+        self.policy.file.clone().unwrap_or_else(|| self.state_dir.join("policy.toml"))
+    }
+
+    /// Reads the policy file; a missing file means the default policy.
+    pub fn load_policy(&self) -> Result<Policy, ConfigError> {
+        let path = self.policy_file();
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Policy::from_toml(&text).map_err(|e| ConfigError {
+                origin: path.display().to_string(),
+                key: e.key,
+                message: e.message,
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.policy.file.is_none() => Ok(Policy::default()),
+            Err(e) => Err(ConfigError {
+                origin: path.display().to_string(),
+                key: "policy.file".into(),
+                message: format!("cannot read policy file: {e}"),
+            }),
+        }
+    }
+
+    pub fn cache_config(&self, policy: Policy) -> CacheConfig {
+        let [(hn, hs, hc), (wn, ws, wc)] = self.tier_specs();
+        CacheConfig {
+            hot: self.tier_config(hs, hn, hc).expect("validated: hot capacity above 0"),
+            warm: self.tier_config(ws, wn, wc),
+            state_dir: self.state_dir.join("state"),
+            policy,
+        }
+    }
+
+    pub fn cold_default_dir(&self) -> PathBuf {
+        self.state_dir.join("cold")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_config_runs_on_embedded_defaults() {
+        let c = Config::from_toml("").unwrap();
+        let cc = c.cache_config(Policy::default());
+        assert_eq!(cc.hot.path, PathBuf::from("/var/lib/strata/hot"));
+        assert_eq!(cc.hot.capacity, ByteSize::gib(10));
+        assert_eq!(cc.warm.unwrap().capacity, ByteSize::gib(50));
+        assert_eq!(c.cold.kind, crate::source::ColdKind::Local);
+        assert_eq!(c.cold_default_dir(), PathBuf::from("/var/lib/strata/cold"));
+        assert_eq!(c.admin.socket, PathBuf::from(DEFAULT_SOCKET));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e = Config::from_toml("[tiers.hot]\ncapacity = -5").unwrap_err();
+        assert_eq!(e.key, "tiers.hot.capacity", "{e}");
+        assert!(e.message.contains("negative"), "{e}");
+        let e = Config::from_toml("[tiers.hot]\ncapacty = \"1GiB\"").unwrap_err();
+        assert!(e.message.contains("capacty"), "{e}");
+        let e = Config::from_toml("[cold]\ntimeout = \"forever\"").unwrap_err();
+        assert_eq!(e.key, "cold.timeout", "{e}");
+        let e = Config::from_toml("[tiers.warm]\nlow_watermark = 0.95").unwrap_err();
+        assert_eq!(e.key, "tiers.warm.low_watermark", "{e}");
+        let e = Config::from_toml("[metrics]\nlisten = \"nowhere\"").unwrap_err();
+        assert_eq!(e.key, "metrics.listen", "{e}");
+        let e = Config::from_toml("bogus = 1").unwrap_err();
+        assert!(e.message.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn warm_capacity_zero_disables_warm() {
+        let c = Config::from_toml("[tiers.warm]\ncapacity = 0").unwrap();
+        assert!(c.cache_config(Policy::default()).warm.is_none());
+    }
+}

@@ -1,0 +1,492 @@
+//! The synchronous heart of the cache: lookups, stores, reservations, and moves between tiers.
+//!
+//! Every index change that touches a chunk's file name (rename into place, unlink) happens under
+//! the index lock, and readers open their file under the same lock. So a reader always holds an
+//! open descriptor of the file the index pointed at, and eviction can unlink it at once: the
+//! bytes stay readable through the descriptor until the read ends.
+
+use crate::chunkfile::{self, ChunkFileError};
+use crate::error::CacheError;
+use crate::index::{Entry, Index, now_ms};
+use crate::key::{ChunkKey, KeyId};
+use crate::metrics::{self, EvictLabel, Metrics};
+use crate::pattern::PathPattern;
+use crate::policy::{Policy, Resolved};
+use crate::tier::{Tier, TierKind};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, RwLock};
+use std::time::Duration;
+use tracing::{debug, warn};
+
+/// A pin set from the CLI or admin API, kept in the state dir.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pin {
+    pub pattern: PathPattern,
+    pub tier: TierKind,
+}
+
+#[derive(Debug)]
+pub(crate) struct Core {
+    pub tiers: [Option<Tier>; 2],
+    pub index: Mutex<Index>,
+    pub policy: RwLock<Policy>,
+    pub pins: RwLock<Vec<Pin>>,
+    pub metrics: Metrics,
+    pub state_dir: PathBuf,
+}
+
+/// What a lookup found.
+pub(crate) struct Hit {
+    pub bytes: Bytes,
+    pub promote: bool,
+}
+
+/// Bytes set aside in a tier for a chunk being written. Dropping it returns them.
+pub(crate) struct Reservation<'a> {
+    core: &'a Core,
+    tier: TierKind,
+    bytes: u64,
+}
+
+impl Reservation<'_> {
+    /// Hands the reserved bytes over to an entry that now counts them as used.
+    fn settle(self, ix: &mut Index) {
+        ix.reserved[self.tier.index()] -= self.bytes;
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.core.lock().reserved[self.tier.index()] -= self.bytes;
+    }
+}
+
+impl Core {
+    pub fn lock(&self) -> MutexGuard<'_, Index> {
+        // A panic while holding the lock leaves the index consistent at worst with stale
+        // accounting, which the next scan repairs; keep serving rather than poison every reader.
+        self.index.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn tier(&self, t: TierKind) -> Result<&Tier, CacheError> {
+        self.tiers[t.index()].as_ref().ok_or(CacheError::NoSuchTier(t))
+    }
+
+    fn has(&self, t: TierKind) -> bool {
+        self.tiers[t.index()].is_some()
+    }
+
+    pub fn policy(&self) -> std::sync::RwLockReadGuard<'_, Policy> {
+        self.policy.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn half_life_ms(&self) -> f64 {
+        self.policy().lrfu_half_life.0.as_millis() as f64
+    }
+
+    /// The policy for a path, with CLI pins taking precedence over policy rules.
+    pub fn resolve(&self, path: &str) -> Resolved {
+        let mut r = self.policy().resolve(path);
+        let pins = self.pins.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = pins.iter().rev().find(|p| p.pattern.matches(path)) {
+            r.pin = Some(p.tier);
+            r.no_cache = false;
+        }
+        r
+    }
+
+    /// Recomputes every entry's pin after the policy or the pin set changed.
+    pub fn refresh_pins(&self) {
+        let mut ix = self.lock();
+        for e in ix.entries.values_mut() {
+            e.pin = self.resolve(&e.key.path).pin;
+        }
+    }
+
+    pub fn update_gauges(&self, ix: &Index) {
+        for t in TierKind::ALL {
+            if self.has(t) {
+                self.metrics.used.get_or_create(&metrics::tier(t)).set(ix.used[t.index()] as i64);
+                self.metrics.chunks.get_or_create(&metrics::tier(t)).set(ix.chunks[t.index()] as i64);
+            }
+        }
+    }
+
+    fn count_misses(&self, tiers: &[TierKind]) {
+        for &t in tiers {
+            if self.has(t) {
+                self.metrics.misses.get_or_create(&metrics::tier(t)).inc();
+            }
+        }
+    }
+
+    /// Removes an entry and unlinks its file; the caller holds the lock.
+    fn drop_locked(&self, ix: &mut Index, id: &KeyId, reason: &'static str) -> Option<Entry> {
+        let e = ix.remove(id)?;
+        if let Ok(t) = self.tier(e.tier) {
+            let path = t.chunk_path(id);
+            if let Err(err) = std::fs::remove_file(&path)
+                && err.kind() != std::io::ErrorKind::NotFound
+            {
+                warn!(path = %path.display(), error = %err, "could not unlink evicted chunk");
+            }
+        }
+        self.metrics.evictions.get_or_create(&EvictLabel { tier: e.tier.as_str(), reason }).inc();
+        self.metrics.evicted_chunks.inc();
+        self.update_gauges(ix);
+        Some(e)
+    }
+
+    pub fn evict(&self, id: &KeyId, reason: &'static str) -> Option<Entry> {
+        let mut ix = self.lock();
+        self.drop_locked(&mut ix, id, reason)
+    }
+
+    /// Looks a chunk up in hot, then warm, and returns its verified bytes.
+    pub fn lookup(&self, key: &ChunkKey, id: &KeyId) -> Option<Hit> {
+        let now = now_ms();
+        let half_life = self.half_life_ms();
+        let (file, tier, generation, pin) = {
+            let mut ix = self.lock();
+            let Some(e) = ix.entries.get_mut(id) else {
+                drop(ix);
+                self.count_misses(&TierKind::ALL);
+                return None;
+            };
+            let (tier, inserted, pin) = (e.tier, e.inserted_ms, e.pin);
+            let ttl = if pin.is_none() { self.policy().resolve(&key.path).ttl } else { None };
+            if ttl.is_some_and(|ttl| now.saturating_sub(inserted) > ttl.as_millis() as u64) {
+                self.drop_locked(&mut ix, id, "ttl");
+                drop(ix);
+                self.count_misses(&TierKind::ALL);
+                return None;
+            }
+            let path = self.tiers[tier.index()].as_ref().map(|t| t.chunk_path(id));
+            match path.map(File::open) {
+                Some(Ok(f)) => {
+                    let e = ix.entries.get_mut(id).expect("entry checked above");
+                    e.touch(now, half_life);
+                    (f, e.tier, e.generation, e.pin)
+                }
+                other => {
+                    if let Some(Err(err)) = other {
+                        warn!(chunk = %key, error = %err, "cached chunk file vanished; refetching");
+                    }
+                    self.drop_locked(&mut ix, id, "lost");
+                    drop(ix);
+                    self.count_misses(&TierKind::ALL);
+                    return None;
+                }
+            }
+        };
+        match chunkfile::read_verified_file(file, *id) {
+            Ok(bytes) => {
+                if tier == TierKind::Warm {
+                    self.count_misses(&[TierKind::Hot]);
+                }
+                let label = metrics::tier(tier);
+                self.metrics.hits.get_or_create(&label).inc();
+                self.metrics.bytes_read.get_or_create(&label).inc_by(bytes.len() as u64);
+                let promote = tier == TierKind::Warm && self.has(TierKind::Hot) && pin != Some(TierKind::Warm);
+                Some(Hit { bytes, promote })
+            }
+            Err(err) => {
+                if !matches!(err, ChunkFileError::Io(_)) {
+                    self.metrics.checksum_failures.get_or_create(&metrics::tier(tier)).inc();
+                }
+                warn!(chunk = %key, tier = %tier, error = %err, "cached chunk failed verification; refetching");
+                let mut ix = self.lock();
+                if ix.entries.get(id).is_some_and(|e| e.generation == generation) {
+                    self.drop_locked(&mut ix, id, "corrupt");
+                }
+                drop(ix);
+                self.count_misses(&TierKind::ALL);
+                None
+            }
+        }
+    }
+
+    pub fn contains(&self, id: &KeyId) -> bool {
+        self.lock().entries.contains_key(id)
+    }
+
+    /// Sets aside `bytes` in `tier`, moving entries out first if needed. Fails only when
+    /// everything left is pinned or too big to fit.
+    pub fn reserve(&self, tier: TierKind, bytes: u64) -> Result<Reservation<'_>, CacheError> {
+        let t = self.tier(tier)?;
+        let cap = t.capacity();
+        let how = self.policy().eviction;
+        let half_life = self.half_life_ms();
+        for round in 0..64 {
+            let victims = {
+                let mut ix = self.lock();
+                let i = tier.index();
+                let total = ix.used[i] + ix.reserved[i] + bytes;
+                if total <= cap {
+                    ix.reserved[i] += bytes;
+                    return Ok(Reservation { core: self, tier, bytes });
+                }
+                let target = t.high_bytes().min(cap.saturating_sub(bytes));
+                let need = total.saturating_sub(target).max(total - cap);
+                let v = ix.victims(tier, need, how, half_life);
+                let freeable: u64 = v.iter().map(|id| ix.entries[id].disk_len).sum();
+                let busy = ix.entries.values().any(|e| e.tier == tier && e.moving);
+                if freeable + cap < total && !busy || bytes > cap {
+                    return Err(CacheError::TierFull {
+                        tier,
+                        used: ix.used[i] + ix.reserved[i],
+                        capacity: cap,
+                        pinned: ix.pinned_bytes(tier),
+                    });
+                }
+                for id in &v {
+                    ix.entries.get_mut(id).expect("victim is present").moving = true;
+                }
+                v
+            };
+            if victims.is_empty() {
+                // Others are moving entries out of this tier right now; give them a moment.
+                std::thread::sleep(Duration::from_millis(1 + round));
+                continue;
+            }
+            for id in victims {
+                self.move_out(tier, &id);
+            }
+        }
+        let ix = self.lock();
+        Err(CacheError::TierFull {
+            tier,
+            used: ix.used[tier.index()] + ix.reserved[tier.index()],
+            capacity: cap,
+            pinned: ix.pinned_bytes(tier),
+        })
+    }
+
+    /// Frees a victim's place in `tier`: hot victims go down to warm, warm victims are dropped.
+    fn move_out(&self, tier: TierKind, id: &KeyId) {
+        if tier == TierKind::Hot && self.has(TierKind::Warm) {
+            self.relocate(id, TierKind::Hot, TierKind::Warm);
+        } else {
+            self.evict(id, "capacity");
+        }
+    }
+
+    /// Copies a chunk from one tier to the other and switches the index to the copy. Any failure
+    /// on the way drops the chunk instead, which is always safe for a cache.
+    pub fn relocate(&self, id: &KeyId, from: TierKind, to: TierKind) -> bool {
+        let Ok(dest) = self.tier(to) else {
+            if let Some(e) = self.lock().entries.get_mut(id) {
+                e.moving = false;
+            }
+            return false;
+        };
+        let snapshot = {
+            let mut ix = self.lock();
+            let Some(e) = ix.entries.get_mut(id) else { return false };
+            if e.tier != from {
+                e.moving = false;
+                return false;
+            }
+            e.moving = true;
+            let path = self.tiers[from.index()].as_ref().map(|t| t.chunk_path(id));
+            match path.map(File::open) {
+                Some(Ok(f)) => (f, e.key.clone(), e.generation, e.disk_len),
+                _ => {
+                    self.drop_locked(&mut ix, id, "lost");
+                    return false;
+                }
+            }
+        };
+        let (file, key, generation, disk_len) = snapshot;
+        let data = match chunkfile::read_verified_file(file, *id) {
+            Ok(d) => d,
+            Err(err) => {
+                if !matches!(err, ChunkFileError::Io(_)) {
+                    self.metrics.checksum_failures.get_or_create(&metrics::tier(from)).inc();
+                }
+                warn!(chunk = %key, tier = %from, error = %err, "dropping a chunk that failed verification while moving");
+                self.drop_if_current(id, generation, "corrupt");
+                return false;
+            }
+        };
+        let reservation = match self.reserve(to, disk_len) {
+            Ok(r) => r,
+            Err(err) => {
+                debug!(chunk = %key, error = %err, "no room to move chunk; dropping it");
+                self.drop_if_current(id, generation, "capacity");
+                return false;
+            }
+        };
+        let (tmp, len) = match dest.write_tmp(id, &key, &data) {
+            Ok(x) => x,
+            Err(err) => {
+                self.metrics.write_errors.get_or_create(&metrics::tier(to)).inc();
+                warn!(chunk = %key, tier = %to, error = %err, "writing a moved chunk failed; dropping it");
+                self.drop_if_current(id, generation, "write-error");
+                return false;
+            }
+        };
+        let mut ix = self.lock();
+        let current = ix.entries.get(id).is_some_and(|e| e.generation == generation && e.tier == from);
+        if !current {
+            let _ = std::fs::remove_file(&tmp);
+            return false;
+        }
+        if let Err(err) = dest.commit(&tmp, id) {
+            self.metrics.write_errors.get_or_create(&metrics::tier(to)).inc();
+            warn!(chunk = %key, tier = %to, error = %err, "renaming a moved chunk failed; dropping it");
+            self.drop_locked(&mut ix, id, "write-error");
+            return false;
+        }
+        if let Ok(src) = self.tier(from) {
+            let _ = std::fs::remove_file(src.chunk_path(id));
+        }
+        reservation.settle(&mut ix);
+        ix.relocate(id, to, len);
+        self.metrics.bytes_written.get_or_create(&metrics::tier(to)).inc_by(data.len() as u64);
+        if to == TierKind::Hot {
+            self.metrics.promotions.inc();
+        } else {
+            self.metrics.demotions.inc();
+        }
+        self.update_gauges(&ix);
+        true
+    }
+
+    fn drop_if_current(&self, id: &KeyId, generation: u64, reason: &'static str) {
+        let mut ix = self.lock();
+        if ix.entries.get(id).is_some_and(|e| e.generation == generation) {
+            self.drop_locked(&mut ix, id, reason);
+        }
+    }
+
+    /// Moves a warm chunk up to hot, unless another move already claimed it.
+    pub fn promote(&self, id: &KeyId) -> bool {
+        {
+            let mut ix = self.lock();
+            match ix.entries.get_mut(id) {
+                Some(e) if e.tier == TierKind::Warm && !e.moving => e.moving = true,
+                _ => return false,
+            }
+        }
+        self.relocate(id, TierKind::Warm, TierKind::Hot)
+    }
+
+    /// Writes fetched bytes into `tier` and indexes them.
+    pub fn store(&self, key: &ChunkKey, data: &[u8], tier: TierKind) -> Result<(), CacheError> {
+        let t = self.tier(tier)?;
+        let id = key.id();
+        let disk = chunkfile::encoded_len(key, data.len() as u64);
+        let reservation = self.reserve(tier, disk)?;
+        let (tmp, len) = t.write_tmp(&id, key, data).map_err(|e| {
+            self.metrics.write_errors.get_or_create(&metrics::tier(tier)).inc();
+            CacheError::io("writing chunk into", t.root(), e)
+        })?;
+        let pin = self.resolve(&key.path).pin;
+        let mut ix = self.lock();
+        if let Some(old) = ix.entries.get(&id) {
+            if old.tier == tier {
+                // Someone else stored the same bytes meanwhile; theirs is as good as ours.
+                let _ = std::fs::remove_file(&tmp);
+                return Ok(());
+            }
+            self.drop_locked(&mut ix, &id, "replaced");
+        }
+        t.commit(&tmp, &id).map_err(|e| {
+            self.metrics.write_errors.get_or_create(&metrics::tier(tier)).inc();
+            CacheError::io("renaming chunk into", t.root(), e)
+        })?;
+        reservation.settle(&mut ix);
+        let now = now_ms();
+        ix.insert(
+            id,
+            Entry {
+                key: key.clone(),
+                tier,
+                disk_len: len,
+                data_len: data.len() as u64,
+                inserted_ms: now,
+                last_ms: now,
+                hits: 1,
+                crf: 1.0,
+                pin,
+                moving: false,
+                generation: 0,
+            },
+        );
+        self.metrics.bytes_written.get_or_create(&metrics::tier(tier)).inc_by(data.len() as u64);
+        self.update_gauges(&ix);
+        Ok(())
+    }
+
+    /// Stores into the preferred tier, falling back to the other one when it is full or failing
+    /// (e.g. ENOSPC). Returns where the chunk landed, or the last error.
+    pub fn store_anywhere(&self, key: &ChunkKey, data: &[u8], prefer: TierKind) -> Result<TierKind, CacheError> {
+        let order = match prefer {
+            TierKind::Hot => [TierKind::Hot, TierKind::Warm],
+            TierKind::Warm => [TierKind::Warm, TierKind::Hot],
+        };
+        let mut last = None;
+        for t in order.into_iter().filter(|t| self.has(*t)) {
+            match self.store(key, data, t) {
+                Ok(()) => return Ok(t),
+                Err(e) => {
+                    debug!(chunk = %key, tier = %t, error = %e, "could not cache chunk in this tier");
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or(CacheError::NoSuchTier(prefer)))
+    }
+
+    /// Brings a tier under its low watermark if it is above its high one.
+    pub fn enforce_watermark(&self, tier: TierKind) -> usize {
+        let Ok(t) = self.tier(tier) else { return 0 };
+        let how = self.policy().eviction;
+        let half_life = self.half_life_ms();
+        let victims = {
+            let mut ix = self.lock();
+            let used = ix.used[tier.index()];
+            if used <= t.high_bytes() {
+                return 0;
+            }
+            let v = ix.victims(tier, used - t.low_bytes(), how, half_life);
+            for id in &v {
+                ix.entries.get_mut(id).expect("victim is present").moving = true;
+            }
+            v
+        };
+        for id in &victims {
+            self.move_out(tier, id);
+        }
+        victims.len()
+    }
+
+    /// Collects entries matching a predicate and claims them for a move.
+    pub fn claim(&self, pred: impl Fn(&Entry, &Resolved) -> bool) -> Vec<(KeyId, TierKind, u64)> {
+        let mut ix = self.lock();
+        let mut out = Vec::new();
+        for (id, e) in ix.entries.iter_mut() {
+            if e.moving {
+                continue;
+            }
+            let r = self.resolve(&e.key.path);
+            if pred(e, &r) {
+                e.moving = true;
+                out.push((*id, e.tier, e.disk_len));
+            }
+        }
+        out
+    }
+
+    /// Snapshot of access history, persisted so LRU order and idle times survive restarts.
+    pub fn access_snapshot(&self) -> HashMap<String, (u64, u64)> {
+        let ix = self.lock();
+        ix.entries.iter().map(|(id, e)| (id.to_hex(), (e.last_ms, e.hits))).collect()
+    }
+}

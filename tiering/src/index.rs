@@ -1,0 +1,132 @@
+//! The in-memory index of cached chunks: where each chunk lives, its size, its access history,
+//! and per-tier accounting of used and reserved bytes.
+
+use crate::key::{ChunkKey, KeyId};
+use crate::policy::Eviction;
+use crate::tier::TierKind;
+use std::collections::HashMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    pub key: ChunkKey,
+    pub tier: TierKind,
+    /// Bytes on disk, header included: what counts against the tier's capacity.
+    pub disk_len: u64,
+    pub data_len: u64,
+    pub inserted_ms: u64,
+    pub last_ms: u64,
+    pub hits: u64,
+    /// LRFU combined recency and frequency, as of `last_ms`.
+    pub crf: f64,
+    pub pin: Option<TierKind>,
+    /// A demotion, promotion or eviction has claimed this entry.
+    pub moving: bool,
+    /// Changes whenever the entry's file changes, so a mover can tell its snapshot is stale.
+    pub generation: u64,
+}
+
+impl Entry {
+    pub fn touch(&mut self, now: u64, half_life_ms: f64) {
+        self.crf = 1.0 + self.crf_at(now, half_life_ms);
+        self.last_ms = now.max(self.last_ms);
+        self.hits += 1;
+    }
+
+    fn crf_at(&self, now: u64, half_life_ms: f64) -> f64 {
+        let age = now.saturating_sub(self.last_ms) as f64;
+        self.crf * 0.5f64.powf(age / half_life_ms.max(1.0))
+    }
+
+    /// Lower scores leave first.
+    fn score(&self, how: Eviction, now: u64, half_life_ms: f64) -> (f64, u64) {
+        match how {
+            Eviction::Lru => (self.last_ms as f64, 0),
+            Eviction::Lfu => (self.hits as f64, self.last_ms),
+            Eviction::Lrfu => (self.crf_at(now, half_life_ms), self.last_ms),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Index {
+    pub entries: HashMap<KeyId, Entry>,
+    pub used: [u64; 2],
+    pub reserved: [u64; 2],
+    pub chunks: [u64; 2],
+    next_generation: u64,
+}
+
+impl Index {
+    pub fn next_generation(&mut self) -> u64 {
+        self.next_generation += 1;
+        self.next_generation
+    }
+
+    pub fn insert(&mut self, id: KeyId, mut e: Entry) {
+        e.generation = self.next_generation();
+        self.used[e.tier.index()] += e.disk_len;
+        self.chunks[e.tier.index()] += 1;
+        if let Some(old) = self.entries.insert(id, e) {
+            self.account_removed(&old);
+        }
+    }
+
+    pub fn remove(&mut self, id: &KeyId) -> Option<Entry> {
+        let e = self.entries.remove(id)?;
+        self.account_removed(&e);
+        Some(e)
+    }
+
+    fn account_removed(&mut self, e: &Entry) {
+        let t = e.tier.index();
+        self.used[t] -= e.disk_len;
+        self.chunks[t] -= 1;
+    }
+
+    /// Moves the accounting of an entry to another tier after its file moved.
+    pub fn relocate(&mut self, id: &KeyId, to: TierKind, disk_len: u64) {
+        let generation = self.next_generation();
+        let e = self.entries.get_mut(id).expect("relocate of a present entry");
+        let from = e.tier.index();
+        self.used[from] -= e.disk_len;
+        self.chunks[from] -= 1;
+        e.tier = to;
+        e.disk_len = disk_len;
+        e.moving = false;
+        e.generation = generation;
+        self.used[to.index()] += disk_len;
+        self.chunks[to.index()] += 1;
+    }
+
+    pub fn pinned_bytes(&self, tier: TierKind) -> u64 {
+        self.entries.values().filter(|e| e.pin == Some(tier)).map(|e| e.disk_len).sum()
+    }
+
+    /// Picks entries of `tier` to move out until at least `need` bytes are freed, in the order
+    /// the eviction policy gives. Pinned entries (for warm: pinned anywhere) are never picked.
+    pub fn victims(&self, tier: TierKind, need: u64, how: Eviction, half_life_ms: f64) -> Vec<KeyId> {
+        let now = now_ms();
+        let mut c: Vec<(&KeyId, (f64, u64), u64)> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.tier == tier && !e.moving && e.pin.is_none_or(|p| tier == TierKind::Hot && p != tier))
+            .map(|(id, e)| (id, e.score(how, now, half_life_ms), e.disk_len))
+            .collect();
+        c.sort_by(|a, b| a.1.partial_cmp(&b.1).unwrap_or(std::cmp::Ordering::Equal));
+        let mut freed = 0;
+        let mut out = Vec::new();
+        for (id, _, len) in c {
+            if freed >= need {
+                break;
+            }
+            freed += len;
+            out.push(*id);
+        }
+        out
+    }
+}

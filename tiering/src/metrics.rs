@@ -1,0 +1,111 @@
+//! Prometheus metrics of the cache. Names are constants here so dashboards and tests agree.
+
+use crate::tier::TierKind;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+pub const TIER_HITS: &str = "strata_tier_hits";
+pub const TIER_MISSES: &str = "strata_tier_misses";
+pub const TIER_BYTES_READ: &str = "strata_tier_read_bytes";
+pub const TIER_BYTES_WRITTEN: &str = "strata_tier_written_bytes";
+pub const TIER_USED: &str = "strata_tier_used_bytes";
+pub const TIER_CAPACITY: &str = "strata_tier_capacity_bytes";
+pub const TIER_CHUNKS: &str = "strata_tier_chunks";
+pub const TIER_WRITE_ERRORS: &str = "strata_tier_write_errors";
+pub const CHECKSUM_FAILURES: &str = "strata_checksum_failures";
+pub const PROMOTIONS: &str = "strata_promotions";
+pub const DEMOTIONS: &str = "strata_demotions";
+pub const EVICTIONS: &str = "strata_evictions";
+pub const COLD_FETCHES: &str = "strata_cold_fetches";
+pub const COLD_FETCH_ERRORS: &str = "strata_cold_fetch_errors";
+pub const COLD_FETCH_BYTES: &str = "strata_cold_fetch_bytes";
+pub const COLD_FETCH_SECONDS: &str = "strata_cold_fetch_seconds";
+pub const COALESCED_MISSES: &str = "strata_coalesced_misses";
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TierLabel {
+    pub tier: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EvictLabel {
+    pub tier: &'static str,
+    pub reason: &'static str,
+}
+
+/// All cache metrics. Cheap to clone: every field is a shared handle.
+#[derive(Debug, Clone, Default)]
+pub struct Metrics {
+    pub hits: Family<TierLabel, Counter>,
+    pub misses: Family<TierLabel, Counter>,
+    pub bytes_read: Family<TierLabel, Counter>,
+    pub bytes_written: Family<TierLabel, Counter>,
+    pub used: Family<TierLabel, Gauge>,
+    pub capacity: Family<TierLabel, Gauge>,
+    pub chunks: Family<TierLabel, Gauge>,
+    pub write_errors: Family<TierLabel, Counter>,
+    pub checksum_failures: Family<TierLabel, Counter>,
+    pub promotions: Counter,
+    pub demotions: Counter,
+    pub evictions: Family<EvictLabel, Counter>,
+    pub cold_fetches: Counter,
+    pub cold_fetch_errors: Counter,
+    pub cold_fetch_bytes: Counter<u64, AtomicU64>,
+    pub cold_fetch_seconds: FetchHistogram,
+    pub coalesced: Counter,
+    /// All evictions, whatever the tier and reason; for status output.
+    pub evicted_chunks: Counter,
+}
+
+/// Latency histogram from 1 ms to about 65 s.
+#[derive(Debug, Clone)]
+pub struct FetchHistogram(pub Histogram);
+
+impl Default for FetchHistogram {
+    fn default() -> Self {
+        FetchHistogram(Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 17)))
+    }
+}
+
+pub fn tier(t: TierKind) -> TierLabel {
+    TierLabel { tier: t.as_str() }
+}
+
+impl Metrics {
+    pub fn evictions_total(&self) -> u64 {
+        self.evicted_chunks.get()
+    }
+
+    pub fn register(&self, r: &mut Registry) {
+        r.register(TIER_HITS, "Chunk reads served by a tier", self.hits.clone());
+        r.register(TIER_MISSES, "Chunk lookups a tier could not serve", self.misses.clone());
+        r.register(TIER_BYTES_READ, "Bytes served from a tier", self.bytes_read.clone());
+        r.register(TIER_BYTES_WRITTEN, "Bytes written into a tier", self.bytes_written.clone());
+        r.register(TIER_USED, "Bytes a tier holds, chunk headers included", self.used.clone());
+        r.register(TIER_CAPACITY, "Configured capacity of a tier", self.capacity.clone());
+        r.register(TIER_CHUNKS, "Chunks a tier holds", self.chunks.clone());
+        r.register(TIER_WRITE_ERRORS, "Chunk writes that failed, e.g. ENOSPC", self.write_errors.clone());
+        r.register(
+            CHECKSUM_FAILURES,
+            "Cached chunks that failed verification and were refetched",
+            self.checksum_failures.clone(),
+        );
+        r.register(PROMOTIONS, "Chunks moved warm to hot", self.promotions.clone());
+        r.register(DEMOTIONS, "Chunks moved hot to warm", self.demotions.clone());
+        r.register(EVICTIONS, "Chunks dropped from a tier", self.evictions.clone());
+        r.register(COLD_FETCHES, "Chunk fetches from the cold store", self.cold_fetches.clone());
+        r.register(COLD_FETCH_ERRORS, "Failed chunk fetches from the cold store", self.cold_fetch_errors.clone());
+        r.register(COLD_FETCH_BYTES, "Bytes fetched from the cold store", self.cold_fetch_bytes.clone());
+        r.register(
+            COLD_FETCH_SECONDS,
+            "Latency of one chunk fetch from the cold store",
+            self.cold_fetch_seconds.0.clone(),
+        );
+        r.register(COALESCED_MISSES, "Misses that waited on a fetch already in flight", self.coalesced.clone());
+    }
+}

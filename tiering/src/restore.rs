@@ -1,0 +1,139 @@
+//! What survives a restart: the index is rebuilt by scanning the tier directories (chunk files
+//! carry their own key), and pins and access history are reloaded from the state dir.
+//!
+//! Nothing here trusts what it reads. A torn or foreign chunk file is deleted; a corrupt state
+//! file is set aside with a warning and the cache starts without it.
+
+use crate::chunkfile;
+use crate::core::{Core, Pin};
+use crate::error::CacheError;
+use crate::index::{Entry, now_ms};
+use crate::tier::ScanItem;
+use std::collections::HashMap;
+use std::path::Path;
+use tracing::warn;
+
+const PINS_FILE: &str = "pins.json";
+const ACCESS_FILE: &str = "access.json";
+
+#[derive(Debug, Default)]
+pub(crate) struct RebuildReport {
+    pub chunks: u64,
+    pub bytes: u64,
+    pub discarded: u64,
+}
+
+pub(crate) fn rebuild_index(core: &Core) -> RebuildReport {
+    let access = load_access(&core.state_dir);
+    let mut report = RebuildReport::default();
+    let mut ix = core.lock();
+    // Hot first: after a crash in the middle of a move both tiers may hold a chunk, and the hot
+    // copy is the one worth keeping.
+    for tier in core.tiers.iter().flatten() {
+        let items = match tier.scan() {
+            Ok(items) => items,
+            Err(e) => {
+                warn!(tier = %tier.kind, path = %tier.root().display(), error = %e, "cannot scan tier; starting it empty");
+                continue;
+            }
+        };
+        for item in items {
+            match item {
+                ScanItem::Stray { path } => {
+                    let _ = std::fs::remove_file(&path);
+                    report.discarded += 1;
+                }
+                ScanItem::Chunk { id, path } => {
+                    let header = chunkfile::read_header(&path);
+                    let keep = match &header {
+                        Ok(h) => h.key.id() == id && !ix.entries.contains_key(&id),
+                        Err(e) => {
+                            warn!(path = %path.display(), error = %e, "discarding unusable chunk file");
+                            false
+                        }
+                    };
+                    if !keep {
+                        let _ = std::fs::remove_file(&path);
+                        report.discarded += 1;
+                        continue;
+                    }
+                    let h = header.expect("kept headers are valid");
+                    let disk_len = h.file_len();
+                    let mtime = std::fs::metadata(&path)
+                        .and_then(|m| m.modified())
+                        .ok()
+                        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                        .map(|d| d.as_millis() as u64)
+                        .unwrap_or_else(now_ms);
+                    let (last_ms, hits) = access.get(&id.to_hex()).copied().unwrap_or((mtime, 1));
+                    report.chunks += 1;
+                    report.bytes += h.data_len;
+                    let pin = core.resolve(&h.key.path).pin;
+                    ix.insert(
+                        id,
+                        Entry {
+                            key: h.key,
+                            tier: tier.kind,
+                            disk_len,
+                            data_len: h.data_len,
+                            inserted_ms: mtime,
+                            last_ms,
+                            hits,
+                            crf: 1.0,
+                            pin,
+                            moving: false,
+                            generation: 0,
+                        },
+                    );
+                }
+            }
+        }
+    }
+    core.update_gauges(&ix);
+    report
+}
+
+fn write_state(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), CacheError> {
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, bytes)
+        .and_then(|_| std::fs::rename(&tmp, &path))
+        .map_err(|e| CacheError::io("writing state file", &path, e))
+}
+
+fn read_state<T: serde::de::DeserializeOwned + Default>(dir: &Path, name: &str) -> T {
+    let path = dir.join(name);
+    match std::fs::read(&path) {
+        Ok(bytes) => match serde_json::from_slice(&bytes) {
+            Ok(v) => v,
+            Err(e) => {
+                let aside = dir.join(format!("{name}.corrupt"));
+                warn!(path = %path.display(), error = %e, moved_to = %aside.display(), "state file is corrupt; starting without it");
+                let _ = std::fs::rename(&path, aside);
+                T::default()
+            }
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => T::default(),
+        Err(e) => {
+            warn!(path = %path.display(), error = %e, "cannot read state file; starting without it");
+            T::default()
+        }
+    }
+}
+
+pub(crate) fn load_pins(dir: &Path) -> Vec<Pin> {
+    read_state(dir, PINS_FILE)
+}
+
+pub(crate) fn save_pins(dir: &Path, pins: &[Pin]) -> Result<(), CacheError> {
+    write_state(dir, PINS_FILE, &serde_json::to_vec_pretty(pins).expect("pins serialise"))
+}
+
+fn load_access(dir: &Path) -> HashMap<String, (u64, u64)> {
+    read_state(dir, ACCESS_FILE)
+}
+
+pub(crate) fn save_access(core: &Core) -> Result<(), CacheError> {
+    let snapshot = core.access_snapshot();
+    write_state(&core.state_dir, ACCESS_FILE, &serde_json::to_vec(&snapshot).expect("access map serialises"))
+}

@@ -1,0 +1,359 @@
+//! The cold store: an S3-compatible bucket (Ceph RGW, AWS S3, MinIO) or a local directory,
+//! read through `object_store`, and the fetcher that turns a chunk key into a ranged GET.
+//!
+//! Object chunks are keyed by ETag, and every ranged GET carries `If-Match` with that ETag, so
+//! bytes of a newer version can never be mixed into chunks of an older one.
+
+use crate::cache::Fetcher;
+use crate::error::FetchError;
+use crate::key::{ChunkKey, Identity};
+use crate::units::{ByteSize, Dur};
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt, TryStreamExt};
+use object_store::path::Path as ObjPath;
+use object_store::{ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ColdKind {
+    /// A local directory; the embedded default.
+    #[default]
+    Local,
+    /// An S3-compatible object store.
+    S3,
+}
+
+/// `[cold]` in the config file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ColdConfig {
+    #[serde(default)]
+    pub kind: ColdKind,
+    /// Directory for `kind = "local"`; default `<state_dir>/cold`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<String>,
+    /// Key prefix inside the bucket (or directory) that paths are relative to.
+    #[serde(default)]
+    pub prefix: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    #[serde(default = "yes")]
+    pub path_style: bool,
+    #[serde(default)]
+    pub allow_http: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_key_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_access_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_token: Option<String>,
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout: Dur,
+    /// Upper bound on one operation, retries included.
+    #[serde(default = "default_timeout")]
+    pub timeout: Dur,
+    #[serde(default = "default_retries")]
+    pub retries: usize,
+    /// Chunk size for objects.
+    #[serde(default = "default_chunk")]
+    pub chunk_size: ByteSize,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_connect_timeout() -> Dur {
+    Dur::secs(5)
+}
+fn default_timeout() -> Dur {
+    Dur::secs(30)
+}
+fn default_retries() -> usize {
+    3
+}
+fn default_chunk() -> ByteSize {
+    ByteSize::mib(1)
+}
+
+impl Default for ColdConfig {
+    fn default() -> Self {
+        toml::from_str("").expect("empty cold config takes every default")
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("{key}: {message}")]
+    Config { key: String, message: String },
+    #[error("{op} {path} on {store} failed: {source}")]
+    Request { op: &'static str, path: String, store: String, source: Box<object_store::Error> },
+    #[error("{op} {path} on {store} timed out after {after}")]
+    Timeout { op: &'static str, path: String, store: String, after: Dur },
+    #[error("{path} on {store} changed while being read (ETag is no longer {version}); reopen it")]
+    Changed { path: String, store: String, version: String },
+    #[error("{path} on {store}: expected {expected} bytes at offset {offset}, got {got}")]
+    Short { path: String, store: String, offset: u64, expected: u64, got: u64 },
+    #[error("chunk key {0} is not an object chunk")]
+    NotObjectKey(String),
+}
+
+/// One object as listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectInfo {
+    /// Key relative to the source prefix.
+    pub path: String,
+    pub size: u64,
+    pub version: String,
+}
+
+/// The cold store of one bucket prefix or directory.
+#[derive(Debug, Clone)]
+pub struct ObjectSource {
+    store: Arc<dyn ObjectStore>,
+    describe: String,
+    prefix: String,
+    chunk_size: u64,
+    timeout: Dur,
+}
+
+impl ObjectSource {
+    /// Builds the client. `default_dir` is used for a local store without a `path`.
+    pub fn new(c: &ColdConfig, default_dir: &std::path::Path) -> Result<ObjectSource, SourceError> {
+        let cfg_err = |key: &str, message: String| SourceError::Config { key: format!("cold.{key}"), message };
+        if c.chunk_size.0 < 4096 || c.chunk_size.0 > 256 << 20 {
+            return Err(cfg_err("chunk_size", "must be between 4KiB and 256MiB".into()));
+        }
+        let prefix = c.prefix.trim_matches('/').to_string();
+        let (store, describe): (Arc<dyn ObjectStore>, String) = match c.kind {
+            ColdKind::Local => {
+                let dir = c.path.clone().unwrap_or_else(|| default_dir.to_path_buf());
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| cfg_err("path", format!("cannot create {}: {e}", dir.display())))?;
+                let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
+                    .map_err(|e| cfg_err("path", e.to_string()))?;
+                (Arc::new(fs), format!("local dir {}", dir.display()))
+            }
+            ColdKind::S3 => {
+                let bucket = c
+                    .bucket
+                    .clone()
+                    .filter(|b| !b.is_empty())
+                    .ok_or_else(|| cfg_err("bucket", "is required when cold.kind = \"s3\"".into()))?;
+                let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(&bucket);
+                if let Some(e) = &c.endpoint {
+                    if !(e.starts_with("http://") || e.starts_with("https://")) {
+                        return Err(cfg_err("endpoint", format!("`{e}` must start with http:// or https://")));
+                    }
+                    if e.starts_with("http://") && !c.allow_http {
+                        return Err(cfg_err(
+                            "allow_http",
+                            format!("must be true to use the plain-http endpoint `{e}`"),
+                        ));
+                    }
+                    b = b.with_endpoint(e);
+                }
+                if let Some(r) = &c.region {
+                    b = b.with_region(r);
+                }
+                if let Some(k) = &c.access_key_id {
+                    b = b.with_access_key_id(k);
+                }
+                if let Some(k) = &c.secret_access_key {
+                    b = b.with_secret_access_key(k);
+                }
+                if let Some(t) = &c.session_token {
+                    b = b.with_token(t);
+                }
+                let opts = ClientOptions::new().with_connect_timeout(c.connect_timeout.0).with_timeout(c.timeout.0);
+                // with_client_options replaces the whole option set, allow_http included, so it
+                // must come before with_allow_http.
+                b = b
+                    .with_client_options(opts)
+                    .with_allow_http(c.allow_http)
+                    .with_virtual_hosted_style_request(!c.path_style)
+                    .with_retry(RetryConfig {
+                        max_retries: c.retries,
+                        retry_timeout: c.timeout.0,
+                        backoff: Default::default(),
+                    });
+                let s3 = b.build().map_err(|e| cfg_err("bucket", e.to_string()))?;
+                let at = c.endpoint.clone().unwrap_or_else(|| "AWS S3".into());
+                (Arc::new(s3), format!("s3://{bucket} at {at}"))
+            }
+        };
+        Ok(ObjectSource { store, describe, prefix, chunk_size: c.chunk_size.0, timeout: c.timeout })
+    }
+
+    /// Where the bytes come from, for messages: `s3://bucket at http://host:port`.
+    pub fn describe(&self) -> &str {
+        &self.describe
+    }
+
+    pub fn chunk_size(&self) -> u64 {
+        self.chunk_size
+    }
+
+    pub fn store(&self) -> Arc<dyn ObjectStore> {
+        self.store.clone()
+    }
+
+    fn location(&self, path: &str) -> ObjPath {
+        let path = path.trim_start_matches('/');
+        if self.prefix.is_empty() { ObjPath::from(path) } else { ObjPath::from(format!("{}/{path}", self.prefix)) }
+    }
+
+    fn relative(&self, loc: &ObjPath) -> String {
+        let s = loc.as_ref();
+        if self.prefix.is_empty() {
+            s.to_string()
+        } else {
+            s.strip_prefix(&self.prefix).unwrap_or(s).trim_start_matches('/').to_string()
+        }
+    }
+
+    async fn bounded<T>(
+        &self,
+        op: &'static str,
+        path: &str,
+        f: impl Future<Output = object_store::Result<T>>,
+    ) -> Result<T, SourceError> {
+        match tokio::time::timeout(self.timeout.0 + Duration::from_secs(1), f).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(source)) => Err(SourceError::Request {
+                op,
+                path: path.to_string(),
+                store: self.describe.clone(),
+                source: Box::new(source),
+            }),
+            Err(_) => Err(SourceError::Timeout {
+                op,
+                path: path.to_string(),
+                store: self.describe.clone(),
+                after: self.timeout,
+            }),
+        }
+    }
+
+    /// Lists every object whose key starts with `prefix` (relative to the source prefix).
+    pub async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, SourceError> {
+        // object_store lists by whole path segments; filter the partial last segment ourselves.
+        let dir = match prefix.rfind('/') {
+            Some(i) => &prefix[..i],
+            None => "",
+        };
+        let loc = if dir.is_empty() && self.prefix.is_empty() { None } else { Some(self.location(dir)) };
+        let listing = self.store.list(loc.as_ref()).map(|r| r.map(|m| self.info(m))).try_collect::<Vec<_>>();
+        let mut out: Vec<ObjectInfo> = self
+            .bounded("LIST", prefix, listing)
+            .await?
+            .into_iter()
+            .filter(|o| o.path.starts_with(prefix.trim_start_matches('/')))
+            .collect();
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+
+    fn info(&self, m: object_store::ObjectMeta) -> ObjectInfo {
+        let version = m
+            .e_tag
+            .clone()
+            .or(m.version.clone())
+            .unwrap_or_else(|| format!("{}-{}", m.last_modified.timestamp_nanos_opt().unwrap_or(0), m.size));
+        ObjectInfo { path: self.relative(&m.location), size: m.size, version }
+    }
+
+    pub async fn head(&self, path: &str) -> Result<ObjectInfo, SourceError> {
+        let loc = self.location(path);
+        let meta = self.bounded("HEAD", path, self.store.head(&loc)).await?;
+        Ok(self.info(meta))
+    }
+
+    /// Checks the store answers, for a clear message at start-up.
+    pub async fn probe(&self) -> Result<(), SourceError> {
+        let loc = if self.prefix.is_empty() { None } else { Some(self.location("")) };
+        let first = self.store.list(loc.as_ref()).take(1).try_collect::<Vec<_>>();
+        self.bounded("LIST", "/", first).await.map(|_| ())
+    }
+
+    /// The chunk keys of an object, in order.
+    pub fn chunk_keys(&self, o: &ObjectInfo) -> Vec<ChunkKey> {
+        let n = o.size.div_ceil(self.chunk_size);
+        (0..n).map(|i| ChunkKey::object(&o.path, &o.version, i, self.chunk_size)).collect()
+    }
+
+    /// Reads `len` bytes at `offset` of one version of an object.
+    pub async fn get_range(&self, path: &str, version: &str, offset: u64, len: u64) -> Result<Bytes, SourceError> {
+        let loc = self.location(path);
+        let opts = GetOptions {
+            range: Some(GetRange::Bounded(offset..offset + len)),
+            if_match: Some(version.to_string()),
+            ..Default::default()
+        };
+        let get = async {
+            let r = self.store.get_opts(&loc, opts).await?;
+            r.bytes().await
+        };
+        let bytes = match self.bounded("GET", path, get).await {
+            Err(SourceError::Request { source, .. }) if matches!(*source, object_store::Error::Precondition { .. }) => {
+                return Err(SourceError::Changed {
+                    path: path.to_string(),
+                    store: self.describe.clone(),
+                    version: version.to_string(),
+                });
+            }
+            r => r?,
+        };
+        if bytes.len() as u64 != len {
+            return Err(SourceError::Short {
+                path: path.to_string(),
+                store: self.describe.clone(),
+                offset,
+                expected: len,
+                got: bytes.len() as u64,
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// A fetcher for chunks of one object version.
+    pub fn fetcher(&self, o: &ObjectInfo) -> Arc<dyn Fetcher> {
+        Arc::new(ObjectFetcher { source: self.clone(), size: o.size })
+    }
+
+    pub async fn put(&self, path: &str, data: Bytes) -> Result<(), SourceError> {
+        let loc = self.location(path);
+        self.bounded("PUT", path, self.store.put(&loc, data.into())).await.map(|_| ())
+    }
+}
+
+#[derive(Debug)]
+struct ObjectFetcher {
+    source: ObjectSource,
+    size: u64,
+}
+
+impl Fetcher for ObjectFetcher {
+    fn fetch(&self, key: &ChunkKey) -> BoxFuture<'static, Result<Bytes, FetchError>> {
+        let source = self.source.clone();
+        let size = self.size;
+        let key = key.clone();
+        async move {
+            let Identity::Object { version, index, chunk_size } = &key.identity else {
+                return Err(Arc::new(SourceError::NotObjectKey(key.to_string())) as FetchError);
+            };
+            let offset = index * chunk_size;
+            let len = (*chunk_size).min(size.saturating_sub(offset));
+            source.get_range(&key.path, version, offset, len).await.map_err(|e| Arc::new(e) as FetchError)
+        }
+        .boxed()
+    }
+}
