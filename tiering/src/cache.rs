@@ -450,3 +450,6 @@ pub struct PolicyPass {
     pub repinned: u64,
     pub watermark_moves: u64,
 }
+
+#[cfg(test)]
+mod tests;

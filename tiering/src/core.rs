@@ -317,8 +317,17 @@ impl Core {
         let reservation = match self.reserve(to, disk_len) {
             Ok(r) => r,
             Err(err) => {
-                debug!(chunk = %key, error = %err, "no room to move chunk; dropping it");
-                self.drop_if_current(id, generation, "capacity");
+                // A demotion with nowhere to go is an eviction, but only for unpinned chunks; a
+                // promotion that finds no room simply leaves the chunk where it is.
+                let mut ix = self.lock();
+                let Some(e) = ix.entries.get_mut(id).filter(|e| e.generation == generation) else { return false };
+                if from == TierKind::Hot && e.pin.is_none() {
+                    debug!(chunk = %key, error = %err, "no room below the hot tier; evicting");
+                    self.drop_locked(&mut ix, id, "capacity");
+                } else {
+                    debug!(chunk = %key, error = %err, "no room to move chunk; it stays in {from}");
+                    e.moving = false;
+                }
                 return false;
             }
         };

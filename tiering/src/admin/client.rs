@@ -79,7 +79,11 @@ impl AdminClient {
     }
 
     /// Reads an object through the daemon's cache into `out`; returns the bytes written.
-    pub async fn read_to(&self, path: &str, out: &mut (impl tokio::io::AsyncWrite + Unpin)) -> Result<u64, ClientError> {
+    pub async fn read_to(
+        &self,
+        path: &str,
+        out: &mut (impl tokio::io::AsyncWrite + Unpin),
+    ) -> Result<u64, ClientError> {
         use tokio::io::AsyncWriteExt;
         let stream = tokio::net::UnixStream::connect(&self.socket)
             .await

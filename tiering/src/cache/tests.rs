@@ -1,0 +1,318 @@
+//! Unit tests of the cache against real tier directories and an in-memory fetcher.
+
+use super::*;
+use crate::policy::Policy;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Serves deterministic bytes per key and counts fetches.
+#[derive(Debug, Default)]
+pub(crate) struct TestFetcher {
+    pub calls: AtomicUsize,
+    pub delay_ms: u64,
+    pub len: usize,
+}
+
+pub(crate) fn bytes_for(key: &ChunkKey, len: usize) -> Bytes {
+    let seed = key.id().0;
+    Bytes::from((0..len).map(|i| seed[i % 32] ^ (i / 32) as u8).collect::<Vec<u8>>())
+}
+
+impl Fetcher for TestFetcher {
+    fn fetch(&self, key: &ChunkKey) -> BoxFuture<'static, Result<Bytes, FetchError>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let (key, delay, len) = (key.clone(), self.delay_ms, self.len);
+        async move {
+            if delay > 0 {
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+            }
+            Ok(bytes_for(&key, len))
+        }
+        .boxed()
+    }
+}
+
+pub(crate) fn open(dir: &std::path::Path, hot: u64, warm: Option<u64>, policy: Policy) -> TieredCache {
+    TieredCache::open(CacheConfig {
+        hot: TierConfig::new(dir.join("hot"), hot),
+        warm: warm.map(|w| TierConfig::new(dir.join("warm"), w)),
+        state_dir: dir.join("state"),
+        policy,
+    })
+    .unwrap()
+}
+
+fn fetcher(len: usize) -> Arc<TestFetcher> {
+    Arc::new(TestFetcher { len, ..Default::default() })
+}
+
+fn key(path: &str, i: u64) -> ChunkKey {
+    ChunkKey::object(path, "v1", i, 4096)
+}
+
+const CHUNK: usize = 4096;
+/// What one 4 KiB test chunk occupies on disk.
+fn disk(k: &ChunkKey) -> u64 {
+    crate::chunkfile::encoded_len(k, CHUNK as u64)
+}
+
+#[tokio::test]
+async fn miss_fetches_once_then_hits() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path(), 1 << 20, Some(1 << 20), Policy::default());
+    let f = fetcher(CHUNK);
+    let k = key("a", 0);
+    let first = c.get(&k, f.clone(), Default::default()).await.unwrap();
+    let second = c.get(&k, f.clone(), Default::default()).await.unwrap();
+    assert_eq!(first, bytes_for(&k, CHUNK));
+    assert_eq!(second, first);
+    assert_eq!(f.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(c.location(&k), Some(TierKind::Hot));
+    let s = c.status();
+    assert_eq!(s.tier(TierKind::Hot).unwrap().hits, 1);
+    assert_eq!(s.tier(TierKind::Hot).unwrap().chunks, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_misses_share_one_fetch() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path(), 1 << 20, None, Policy::default());
+    let f = Arc::new(TestFetcher { len: CHUNK, delay_ms: 200, ..Default::default() });
+    let k = key("a", 7);
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (c, f, k) = (c.clone(), f.clone(), k.clone());
+            tokio::spawn(async move { c.get(&k, f, Default::default()).await.unwrap() })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), bytes_for(&k, CHUNK));
+    }
+    assert_eq!(f.calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn flipped_byte_is_refetched_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path(), 1 << 20, None, Policy::default());
+    let f = fetcher(CHUNK);
+    let k = key("a", 0);
+    c.get(&k, f.clone(), Default::default()).await.unwrap();
+    let path = dir.path().join("hot/chunks").join(&k.id().to_hex()[..2]).join(k.id().to_hex());
+    let mut raw = std::fs::read(&path).unwrap();
+    let n = raw.len();
+    raw[n - 100] ^= 0x40;
+    std::fs::write(&path, raw).unwrap();
+    let again = c.get(&k, f.clone(), Default::default()).await.unwrap();
+    assert_eq!(again, bytes_for(&k, CHUNK));
+    assert_eq!(f.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(c.status().checksum_failures, 1);
+    // The refetched copy is good again.
+    assert_eq!(c.get_local_blocking(&k).unwrap(), bytes_for(&k, CHUNK));
+}
+
+#[tokio::test]
+async fn hot_overflow_demotes_to_warm_and_caps_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let k0 = key("d", 0);
+    let hot_cap = 10 * disk(&k0);
+    let warm_cap = 20 * disk(&k0);
+    let c = open(dir.path(), hot_cap, Some(warm_cap), Policy::default());
+    let f = fetcher(CHUNK);
+    for i in 0..60 {
+        let k = key("d", i);
+        assert_eq!(c.get(&k, f.clone(), Default::default()).await.unwrap(), bytes_for(&k, CHUNK));
+        let s = c.status();
+        assert!(s.tier(TierKind::Hot).unwrap().used <= hot_cap);
+        assert!(s.tier(TierKind::Warm).unwrap().used <= warm_cap);
+    }
+    let s = c.status();
+    assert!(s.demotions > 0);
+    assert!(s.evictions > 0);
+    // The newest chunk is hot; the oldest ones fell out of both tiers.
+    assert_eq!(c.location(&key("d", 59)), Some(TierKind::Hot));
+    assert_eq!(c.location(&key("d", 0)), None);
+    let on_disk: u64 = walk(&dir.path().join("hot")).iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
+    assert!(on_disk <= hot_cap, "{on_disk} > {hot_cap}");
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() { out.extend(walk(&p)) } else { out.push(p) }
+    }
+    out
+}
+
+#[tokio::test]
+async fn warm_hit_promotes_to_hot() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path(), 1 << 20, Some(1 << 20), Policy::default());
+    let f = fetcher(CHUNK);
+    let k = key("p", 0);
+    c.get(&k, f.clone(), GetOptions { tier: Some(TierKind::Warm) }).await.unwrap();
+    assert_eq!(c.location(&k), Some(TierKind::Warm));
+    assert_eq!(c.get(&k, f.clone(), Default::default()).await.unwrap(), bytes_for(&k, CHUNK));
+    for _ in 0..100 {
+        if c.location(&k) == Some(TierKind::Hot) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(c.location(&k), Some(TierKind::Hot));
+    assert_eq!(c.status().promotions, 1);
+    assert_eq!(f.calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn pinned_chunks_stay_and_oversized_pins_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let k0 = key("keep/x", 0);
+    let hot_cap = 10 * disk(&k0);
+    let c = open(dir.path(), hot_cap, Some(100 * disk(&k0)), Policy::default());
+    let f = fetcher(CHUNK);
+    for i in 0..3 {
+        c.get(&key("keep/x", i), f.clone(), Default::default()).await.unwrap();
+    }
+    c.pin(PathPattern::parse("keep/").unwrap(), TierKind::Hot).await.unwrap();
+    for i in 0..40 {
+        c.get(&key("churn", i), f.clone(), Default::default()).await.unwrap();
+    }
+    c.demote(Some(Duration::ZERO)).await.unwrap();
+    c.evict(PathPattern::parse("keep/").unwrap()).await.unwrap();
+    for i in 0..3 {
+        assert_eq!(c.location(&key("keep/x", i)), Some(TierKind::Hot), "pinned chunk {i} moved");
+    }
+    // Nine more chunks would take the pinned set past the high watermark (90% of 10 chunks).
+    for i in 0..9 {
+        c.get(&key("big/y", i), f.clone(), GetOptions { tier: Some(TierKind::Warm) }).await.unwrap();
+    }
+    let err = c.pin(PathPattern::parse("big/").unwrap(), TierKind::Hot).await.unwrap_err();
+    assert!(matches!(err, CacheError::PinTooLarge { .. }), "{err}");
+    assert!(err.to_string().contains("big/"), "{err}");
+    assert_eq!(c.pins().len(), 1, "a refused pin changes nothing");
+}
+
+#[tokio::test]
+async fn restart_rebuilds_index_and_discards_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = fetcher(CHUNK);
+    {
+        let c = open(dir.path(), 1 << 20, Some(1 << 20), Policy::default());
+        for i in 0..5 {
+            c.get(&key("r", i), f.clone(), Default::default()).await.unwrap();
+        }
+        c.pin(PathPattern::parse("r").unwrap(), TierKind::Hot).await.unwrap();
+        c.flush().await.unwrap();
+    }
+    let torn = key("r", 3);
+    let p = dir.path().join("hot/chunks").join(&torn.id().to_hex()[..2]).join(torn.id().to_hex());
+    let raw = std::fs::read(&p).unwrap();
+    std::fs::write(&p, &raw[..raw.len() / 2]).unwrap();
+    std::fs::write(p.with_extension("tmp.1.1"), b"half a chunk").unwrap();
+    std::fs::write(dir.path().join("state/access.json"), b"{not json").unwrap();
+
+    let c = open(dir.path(), 1 << 20, Some(1 << 20), Policy::default());
+    let s = c.status();
+    assert_eq!(s.tier(TierKind::Hot).unwrap().chunks, 4);
+    assert_eq!(c.pins().len(), 1, "pins survive restarts");
+    assert!(!p.with_extension("tmp.1.1").exists());
+    for i in 0..5 {
+        let k = key("r", i);
+        assert_eq!(c.get(&k, f.clone(), Default::default()).await.unwrap(), bytes_for(&k, CHUNK));
+    }
+    assert_eq!(f.calls.load(Ordering::SeqCst), 6, "only the torn chunk was fetched again");
+}
+
+#[tokio::test]
+async fn restart_with_smaller_capacity_enforces_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = fetcher(CHUNK);
+    {
+        let c = open(dir.path(), 1 << 20, None, Policy::default());
+        for i in 0..20 {
+            c.get(&key("s", i), f.clone(), Default::default()).await.unwrap();
+        }
+    }
+    let cap = 8 * disk(&key("s", 0));
+    let c = open(dir.path(), cap, None, Policy::default());
+    assert!(c.status().tier(TierKind::Hot).unwrap().used <= cap);
+}
+
+#[tokio::test]
+async fn rules_apply_no_cache_and_ttl() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = Policy::from_toml(
+        "[[rule]]\nprefix = \"scratch/\"\nno_cache = true\n[[rule]]\nprefix = \"short/\"\nttl = \"0s\"\n",
+    )
+    .unwrap();
+    let c = open(dir.path(), 1 << 20, None, policy);
+    let f = fetcher(CHUNK);
+    c.get(&key("scratch/a", 0), f.clone(), Default::default()).await.unwrap();
+    assert_eq!(c.location(&key("scratch/a", 0)), None);
+    c.get(&key("short/a", 0), f.clone(), Default::default()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    c.apply_policy().await.unwrap();
+    assert_eq!(c.location(&key("short/a", 0)), None);
+    assert_eq!(f.calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn lfu_keeps_the_frequently_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let k0 = key("l", 0);
+    let cap = 5 * disk(&k0);
+    let c = open(dir.path(), cap, None, Policy::from_toml("eviction = \"lfu\"").unwrap());
+    let f = fetcher(CHUNK);
+    c.get(&k0, f.clone(), Default::default()).await.unwrap();
+    for _ in 0..5 {
+        c.get(&k0, f.clone(), Default::default()).await.unwrap();
+    }
+    for i in 1..12 {
+        c.get(&key("l", i), f.clone(), Default::default()).await.unwrap();
+    }
+    assert_eq!(c.location(&k0), Some(TierKind::Hot), "the most-read chunk survives under LFU");
+}
+
+#[tokio::test]
+async fn unwritable_hot_tier_falls_back_to_warm() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path(), 1 << 20, Some(1 << 20), Policy::default());
+    // A file where the fan-out directory should be makes every hot write fail.
+    let k = key("w", 0);
+    let fan = dir.path().join("hot/chunks").join(&k.id().to_hex()[..2]);
+    std::fs::write(&fan, b"in the way").unwrap();
+    let f = fetcher(CHUNK);
+    assert_eq!(c.get(&k, f.clone(), Default::default()).await.unwrap(), bytes_for(&k, CHUNK));
+    assert_eq!(c.location(&k), Some(TierKind::Warm));
+    assert_eq!(c.metrics().write_errors.get_or_create(&crate::metrics::tier(TierKind::Hot)).get(), 1);
+}
+
+#[tokio::test]
+async fn fetch_errors_reach_every_waiter() {
+    #[derive(Debug)]
+    struct Failing;
+    impl Fetcher for Failing {
+        fn fetch(&self, _: &ChunkKey) -> BoxFuture<'static, Result<Bytes, FetchError>> {
+            async { Err(Arc::new(std::io::Error::other("store at http://127.0.0.1:1 refused")) as FetchError) }.boxed()
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path(), 1 << 20, None, Policy::default());
+    let err = c.get(&key("e", 0), Arc::new(Failing), Default::default()).await.unwrap_err();
+    assert!(err.to_string().contains("127.0.0.1:1"), "{err}");
+    assert_eq!(c.status().cold_fetch_errors, 1);
+    assert_eq!(c.location(&key("e", 0)), None);
+}
+
+#[test]
+fn open_file_survives_unlink() {
+    // The reason readers open under the index lock: once open, eviction cannot take the bytes.
+    let dir = tempfile::tempdir().unwrap();
+    let k = key("u", 0);
+    let p = dir.path().join("c");
+    crate::chunkfile::write_tmp(&p, &k, &bytes_for(&k, CHUNK), false).unwrap();
+    let f = std::fs::File::open(&p).unwrap();
+    std::fs::remove_file(&p).unwrap();
+    assert_eq!(crate::chunkfile::read_verified_file(f, k.id()).unwrap(), bytes_for(&k, CHUNK));
+}
