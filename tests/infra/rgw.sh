@@ -11,17 +11,17 @@ CMD=${1:-}; DIR=${2:-}
 DIR=$(realpath -m -- "$DIR")
 CONF=$DIR/ceph.conf
 RGW_PORT=${RGW_PORT:-7480}
+[[ $RGW_PORT =~ ^[0-9]+$ ]] || { echo "RGW_PORT must be a number" >&2; exit 2; }
 START_TIMEOUT=${START_TIMEOUT:-120}
 AK=strata-test SK=strata-test-secret BUCKET=strata-test
 URL=http://127.0.0.1:$RGW_PORT
 export CEPH_CONF=$CONF
-# Every daemon is started with "-c $CONF", so this string identifies *our* processes.
-CEPH=(timeout 30 ceph -c "$CONF" --connect-timeout 20)
 
 say() { echo "rgw: $*" >&2; }
 
-# PIDs that have our conf path as an argv element (and argv element $1, if
-# given). The pattern comes via stdin so grep's own argv never matches.
+# Every daemon gets "-c $CONF", so that argv element identifies *our* processes
+# (optionally also requiring argv element $1). The pattern goes in via stdin so
+# that grep's own argv never matches.
 our_pids() {
   local f
   for f in $(grep -lzxF -f - /proc/[0-9]*/cmdline 2>/dev/null <<<"$CONF"); do
@@ -41,7 +41,7 @@ safe_wipe() {
 
 stop() {
   local pids=() p i
-  # Pid files may be stale and the pid reused: only trust ones running our conf.
+  # A stale pid file may name a reused pid: only trust it if it runs our conf.
   for p in client.rgw.a osd.0 mgr.a mon.a; do
     p=$(cat "$DIR/run/$p.pid" 2>/dev/null) || continue
     grep -qzxF -f - "/proc/$p/cmdline" 2>/dev/null <<<"$CONF" && pids+=("$p")
@@ -61,34 +61,37 @@ stop() {
 
 logs() {
   local f
-  for f in "$DIR"/log/{mkfs,mon.a,mgr.a,osd.0,client.rgw.a}.log "$DIR"/log/*.stderr; do
+  for f in "$DIR"/log/{mkfs,mon.a,mgr.a,osd.0,client.rgw.a}.log "$DIR"/log/*.out; do
     [[ -f $f ]] && { echo "----- tail $f" >&2; tail -n 25 "$f" >&2; }
   done
   return 0
 }
-die() { say "ERROR: $*"; logs; exit 1; }
+die() { say "ERROR: $*"; logs; say "daemons left as-is for inspection; clean up with: $0 stop $DIR"; exit 1; }
 
 # Another cluster (e.g. a leftover from a different DIR) on our ports would make
 # our daemons fail with confusing bind errors; name the culprit instead.
+# (/dev/tcp needs nothing installed; ss, if present, only adds the owner.)
 check_ports() {
-  local port line pid
+  local port pid cmd
   for port in 3300 6789 "$RGW_PORT"; do
-    line=$(ss -Hltnp "sport = :$port" 2>/dev/null | head -n1)
-    [[ -z $line ]] && continue
-    pid=$(grep -o 'pid=[0-9]*' <<<"$line" | head -n1 | cut -d= -f2)
-    say "ERROR: port $port already in use by pid ${pid:-?}: $(tr '\0' ' ' </proc/"${pid:-0}"/cmdline 2>/dev/null || echo '?')"
-    say "if that is a leftover cluster, run: $0 stop <its DIR>"
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || continue
+    pid=$(ss -Hltnp "sport = :$port" 2>/dev/null | grep -o 'pid=[0-9]*' | head -n1 | cut -d= -f2) || true
+    cmd=$(tr '\0' ' ' 2>/dev/null </proc/"${pid:-0}"/cmdline) || cmd='?'
+    say "ERROR: 127.0.0.1:$port is already in use by pid ${pid:-?}: $cmd"
+    [[ $cmd =~ -c\ ([^ ]+)/ceph\.conf ]] &&
+      say "it looks like a leftover test cluster; remove it with: $0 stop ${BASH_REMATCH[1]}"
     exit 1
   done
 }
 
-left() { echo $((START_TIMEOUT - SECONDS)); }
+# Seconds left of the start budget (at least 1, so timeout/curl -m stay valid).
+left() { local l=$((START_TIMEOUT - SECONDS)); echo $((l > 0 ? l : 1)); }
 
 start() {
-  SECONDS=0
+  SECONDS=0; local t0=${EPOCHREALTIME/./}
   stop
   check_ports
-  mkdir -p "$DIR"/{run,log,mon,mgr,osd,rgw}
+  mkdir -p "$DIR"/{run,log,mon,mgr/a,osd,rgw/rgw.a}
   local fsid; fsid=$(uuidgen)
   # Why the non-obvious settings:
   #  - auth none + ms *mode = crc: with cephx off, radosgw otherwise fails with
@@ -97,6 +100,8 @@ start() {
   #  - small pg num, no autoscaler: rgw + mgr create ~8 pools; default 32 PGs
   #    each would exceed mon_max_pg_per_osd on a single OSD and pool creation fails.
   #  - memstore: no disk formatting, fastest bring-up; capped size, lazily used.
+  #  - paxos propose interval: the mon batches map changes for 1 s by default,
+  #    and bring-up is a chain of ~15 osdmap epochs (OSD boot, one per pool).
   #  - [client] admin socket with $pid: concurrent CLI calls must not collide.
   cat >"$CONF" <<EOF
 [global]
@@ -105,7 +110,6 @@ mon host = [v2:127.0.0.1:3300,v1:127.0.0.1:6789]
 mon initial members = a
 public addr = 127.0.0.1
 cluster addr = 127.0.0.1
-ms bind ipv6 = false
 auth cluster required = none
 auth service required = none
 auth client required = none
@@ -128,6 +132,7 @@ osd pool default size = 1
 osd pool default min size = 1
 mon allow pool size one = true
 mon warn on pool no redundancy = false
+mon warn on insecure global id reclaim allowed = false
 mon allow pool delete = true
 osd crush chooseleaf type = 0
 osd pool default pg num = 8
@@ -138,6 +143,8 @@ osd objectstore = memstore
 memstore device bytes = $((4 << 30))
 mon data avail warn = 1
 mon data avail crit = 0
+paxos propose interval = 0.05
+paxos min wait = 0.01
 [client]
 admin socket = $DIR/run/\$name.\$pid.asok
 [client.rgw.a]
@@ -146,32 +153,30 @@ rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT
 rgw init timeout = $START_TIMEOUT
 EOF
   local asroot=(-c "$CONF" --setuser root --setgroup root)
-
+  # Daemons keep the inherited stdout/stderr open after forking; if the caller
+  # pipes our output (tee, $(...)) it would never see EOF, so send them to files.
   monmaptool --create --fsid "$fsid" --addv a "[v2:127.0.0.1:3300,v1:127.0.0.1:6789]" \
     "$DIR/monmap" >/dev/null
   ceph-mon "${asroot[@]}" -i a --mkfs --monmap "$DIR/monmap" >"$DIR/log/mkfs.log" 2>&1 \
     || die "ceph-mon --mkfs failed: $(cat "$DIR/log/mkfs.log")"
-  ceph-mon "${asroot[@]}" -i a 2>"$DIR/log/mon.stderr" || die "ceph-mon failed to start"
-  mkdir -p "$DIR/mgr/a"
-  ceph-mgr "${asroot[@]}" -i a 2>"$DIR/log/mgr.stderr" || die "ceph-mgr failed to start"
+  ceph-mon "${asroot[@]}" -i a </dev/null >"$DIR/log/mon.out" 2>&1 || die "ceph-mon failed to start"
+  ceph-mgr "${asroot[@]}" -i a </dev/null >"$DIR/log/mgr.out" 2>&1 || die "ceph-mgr failed to start"
 
   local uuid id; uuid=$(uuidgen)
-  id=$("${CEPH[@]}" osd new "$uuid" 2>>"$DIR/log/mkfs.log") || die "ceph osd new failed (mon not up?)"
+  id=$(timeout 30 ceph -c "$CONF" --connect-timeout 20 osd new "$uuid" 2>>"$DIR/log/mkfs.log") \
+    || die "ceph osd new failed (mon not up?)"
   mkdir -p "$DIR/osd/$id"
   ceph-osd "${asroot[@]}" -i "$id" --mkfs --osd-uuid "$uuid" >>"$DIR/log/mkfs.log" 2>&1 \
     || die "ceph-osd --mkfs failed: $(tail -n 20 "$DIR/log/mkfs.log")"
-  ceph-osd "${asroot[@]}" -i "$id" 2>"$DIR/log/osd.stderr" || die "ceph-osd failed to start"
+  ceph-osd "${asroot[@]}" -i "$id" </dev/null >"$DIR/log/osd.out" 2>&1 || die "ceph-osd failed to start"
 
-  mkdir -p "$DIR/rgw/rgw.a"
-  radosgw "${asroot[@]}" -n client.rgw.a 2>"$DIR/log/rgw.stderr" || die "radosgw failed to start"
+  radosgw "${asroot[@]}" -n client.rgw.a </dev/null >"$DIR/log/rgw.out" 2>&1 || die "radosgw failed to start"
 
-  # rgw only listens after it has created its pools, i.e. after the OSD is up
-  # and PGs are active; any HTTP status means it is serving.
-  # (radosgw writes its pid file only some time after forking, so look it up
-  # by command line to notice an early crash instead of waiting out the timeout.)
+  # rgw only listens once its pools exist (OSD up, PGs active); any HTTP status
+  # means it serves. Its pid file appears late, so spot an early crash by argv.
   local code
   until code=$(curl -s -o /dev/null -m 2 -w '%{http_code}' "$URL/") && [[ $code != 000 ]]; do
-    (($(left) > 0)) || die "radosgw did not answer on $URL within ${START_TIMEOUT}s"
+    ((SECONDS < START_TIMEOUT)) || die "radosgw did not answer on $URL within ${START_TIMEOUT}s"
     [[ -n $(our_pids radosgw) ]] || die "radosgw exited during startup"
     sleep 0.5
   done
@@ -190,7 +195,8 @@ EOF
   [[ $got == "$probe" ]] || die "probe round-trip mismatch: got '$got'"
   s3 -X DELETE "$URL/$BUCKET/.rgw-sh-probe" >/dev/null || die "probe DELETE failed"
 
-  echo "rgw: ready at $URL (bucket $BUCKET) in $SECONDS s"
+  local ds=$(((${EPOCHREALTIME/./} - t0) / 100000))
+  echo "rgw: ready at $URL (bucket $BUCKET) in $((ds / 10)).$((ds % 10)) s"
 }
 
 "$CMD"

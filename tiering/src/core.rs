@@ -317,17 +317,8 @@ impl Core {
         let reservation = match self.reserve(to, disk_len) {
             Ok(r) => r,
             Err(err) => {
-                // A demotion with nowhere to go is an eviction, but only for unpinned chunks; a
-                // promotion that finds no room simply leaves the chunk where it is.
-                let mut ix = self.lock();
-                let Some(e) = ix.entries.get_mut(id).filter(|e| e.generation == generation) else { return false };
-                if from == TierKind::Hot && e.pin.is_none() {
-                    debug!(chunk = %key, error = %err, "no room below the hot tier; evicting");
-                    self.drop_locked(&mut ix, id, "capacity");
-                } else {
-                    debug!(chunk = %key, error = %err, "no room to move chunk; it stays in {from}");
-                    e.moving = false;
-                }
+                debug!(chunk = %key, error = %err, "no room to move chunk");
+                self.abandon_move(id, generation, from, "capacity");
                 return false;
             }
         };
@@ -335,8 +326,8 @@ impl Core {
             Ok(x) => x,
             Err(err) => {
                 self.metrics.write_errors.get_or_create(&metrics::tier(to)).inc();
-                warn!(chunk = %key, tier = %to, error = %err, "writing a moved chunk failed; dropping it");
-                self.drop_if_current(id, generation, "write-error");
+                warn!(chunk = %key, tier = %to, error = %err, "writing a moved chunk failed");
+                self.abandon_move(id, generation, from, "write-error");
                 return false;
             }
         };
@@ -348,8 +339,9 @@ impl Core {
         }
         if let Err(err) = dest.commit(&tmp, id) {
             self.metrics.write_errors.get_or_create(&metrics::tier(to)).inc();
-            warn!(chunk = %key, tier = %to, error = %err, "renaming a moved chunk failed; dropping it");
-            self.drop_locked(&mut ix, id, "write-error");
+            warn!(chunk = %key, tier = %to, error = %err, "renaming a moved chunk failed");
+            drop(ix);
+            self.abandon_move(id, generation, from, "write-error");
             return false;
         }
         if let Ok(src) = self.tier(from) {
@@ -365,6 +357,18 @@ impl Core {
         }
         self.update_gauges(&ix);
         true
+    }
+
+    /// A move that could not complete. A demotion with nowhere to go is an eviction, but only
+    /// for unpinned chunks; anything else stays where it is, still readable.
+    fn abandon_move(&self, id: &KeyId, generation: u64, from: TierKind, reason: &'static str) {
+        let mut ix = self.lock();
+        let Some(e) = ix.entries.get_mut(id).filter(|e| e.generation == generation) else { return };
+        if from == TierKind::Hot && e.pin.is_none() {
+            self.drop_locked(&mut ix, id, reason);
+        } else {
+            e.moving = false;
+        }
     }
 
     fn drop_if_current(&self, id: &KeyId, generation: u64, reason: &'static str) {

@@ -1,0 +1,261 @@
+//! Shared harness of the end-to-end tests: a real `strata daemon` process with its own dirs,
+//! the `strata` CLI, and the Ceph RGW that `.ci/run` starts (see `tests/infra/rgw.sh`).
+#![allow(dead_code)]
+
+use object_store::ObjectStoreExt;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_strata");
+
+/// Connection facts of the test RGW, from the environment `.ci/run` sets.
+#[derive(Debug, Clone)]
+pub struct Rgw {
+    pub endpoint: String,
+    pub bucket: String,
+    pub access_key: String,
+    pub secret_key: String,
+}
+
+impl Rgw {
+    /// Panics with instructions when RGW is not configured: a test that needs it must not pass
+    /// without it.
+    pub fn from_env() -> Rgw {
+        let var = |k: &str| {
+            std::env::var(k).unwrap_or_else(|_| {
+                panic!("{k} is not set: these tests need the Ceph RGW that `bash .ci/run` starts (tests/infra/rgw.sh)")
+            })
+        };
+        Rgw {
+            endpoint: var("STRATA_TEST_S3_ENDPOINT"),
+            bucket: var("STRATA_TEST_S3_BUCKET"),
+            access_key: var("AWS_ACCESS_KEY_ID"),
+            secret_key: var("AWS_SECRET_ACCESS_KEY"),
+        }
+    }
+
+    pub fn store(&self) -> Arc<dyn object_store::ObjectStore> {
+        let s3 = object_store::aws::AmazonS3Builder::new()
+            .with_endpoint(&self.endpoint)
+            .with_bucket_name(&self.bucket)
+            .with_region("us-east-1")
+            .with_access_key_id(&self.access_key)
+            .with_secret_access_key(&self.secret_key)
+            .with_allow_http(true)
+            .with_virtual_hosted_style_request(false)
+            .build()
+            .expect("test S3 client builds");
+        Arc::new(s3)
+    }
+
+    /// The `[cold]` section pointing at this RGW.
+    pub fn cold_toml(&self, extra: &str) -> String {
+        format!(
+            "[cold]\nkind = \"s3\"\nbucket = \"{}\"\nendpoint = \"{}\"\nregion = \"us-east-1\"\nallow_http = true\n{extra}\n",
+            self.bucket, self.endpoint
+        )
+    }
+}
+
+/// A unique key prefix per test, so tests share the bucket without seeing each other.
+pub fn unique_prefix(name: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    format!("t-{name}-{}-{nanos}/", std::process::id())
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so failures are reproducible.
+pub fn data(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+pub fn sha(b: &[u8]) -> String {
+    hex::encode(Sha256::digest(b))
+}
+
+/// Uploads objects and returns (relative path, sha256) pairs.
+pub async fn upload(store: &dyn object_store::ObjectStore, prefix: &str, objects: &[(&str, usize)]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (i, (name, len)) in objects.iter().enumerate() {
+        let bytes = data(i as u64 + 1 + prefix.len() as u64, *len);
+        let path = format!("{prefix}{name}");
+        store.put(&object_store::path::Path::from(path.as_str()), bytes.clone().into()).await.expect("upload to RGW");
+        out.push((path, sha(&bytes)));
+    }
+    out
+}
+
+/// A `strata daemon` child process with private dirs.
+pub struct Daemon {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub socket: PathBuf,
+    pub metrics: String,
+    child: Option<Child>,
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Daemon {
+    /// Writes a config with two tiers under a temp dir plus `body` (the `[cold]` section and
+    /// any overrides), and starts the daemon.
+    pub fn start(body: &str, hot: &str, warm: &str) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("admin.sock");
+        let port = free_port();
+        let config = dir.path().join("config.toml");
+        let text = format!(
+            "state_dir = \"{state}\"\n[admin]\nsocket = \"{sock}\"\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n\
+             [tiers.hot]\ncapacity = \"{hot}\"\n[tiers.warm]\ncapacity = \"{warm}\"\n{body}\n",
+            state = dir.path().join("state").display(),
+            sock = socket.display(),
+        );
+        std::fs::write(&config, text).unwrap();
+        let mut d = Daemon { dir, config, socket, metrics: format!("127.0.0.1:{port}"), child: None };
+        d.spawn();
+        d
+    }
+
+    /// Starts the daemon on an existing config file.
+    pub fn with_config(dir: tempfile::TempDir, config: PathBuf, socket: PathBuf) -> Daemon {
+        let mut d = Daemon { dir, config, socket, metrics: String::new(), child: None };
+        d.spawn();
+        d
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("daemon.log")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    pub fn spawn(&mut self) {
+        let seen = self.log().len();
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()).unwrap();
+        let child = Command::new(BIN)
+            .args(["daemon", "--config"])
+            .arg(&self.config)
+            .env("STRATA_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("strata daemon starts");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.log()[seen..].contains("strata daemon ready") {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("daemon exited with {status}:\n{}", self.log());
+            }
+            assert!(Instant::now() < deadline, "daemon not ready after 30s:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            Command::new("kill").arg("-TERM").arg(c.id().to_string()).status().unwrap();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                if c.try_wait().unwrap().is_some() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    c.kill().unwrap();
+                    c.wait().unwrap();
+                    panic!("daemon ignored SIGTERM:\n{}", self.log());
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// Runs `strata tier --socket S ARGS...`.
+    pub fn tier(&self, args: &[&str]) -> Output {
+        Command::new(BIN).arg("tier").arg("--socket").arg(&self.socket).args(args).output().unwrap()
+    }
+
+    /// As [`Daemon::tier`], failing the test on a non-zero exit.
+    pub fn tier_ok(&self, args: &[&str]) -> String {
+        let out = self.tier(args);
+        assert!(
+            out.status.success(),
+            "strata tier {args:?} failed: {}\n{}\n--- daemon log ---\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout),
+            self.log()
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    pub fn status(&self) -> serde_json::Value {
+        serde_json::from_str(&self.tier_ok(&["status", "--json"])).unwrap()
+    }
+
+    /// Bytes of an object read through the daemon's cache.
+    pub fn cat(&self, path: &str) -> Vec<u8> {
+        let out = self.tier(&["cat", path]);
+        assert!(out.status.success(), "cat {path}: {}\n{}", String::from_utf8_lossy(&out.stderr), self.log());
+        out.stdout
+    }
+
+    pub fn metrics_text(&self) -> String {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&self.metrics).unwrap();
+        write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    pub fn state(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub fn tier<'a>(status: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    status["tiers"].as_array().unwrap().iter().find(|t| t["tier"] == name).unwrap()
+}
+
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd {
+            let p = e.unwrap().path();
+            if p.is_dir() { out.extend(files_under(&p)) } else { out.push(p) }
+        }
+    }
+    out
+}
+
+pub fn bytes_on_disk(dir: &Path) -> u64 {
+    files_under(dir).iter().map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum()
+}
