@@ -87,7 +87,9 @@ fn rgw_source() -> Option<ObjectSource> {
 
 fn miss_rgw(c: &mut Criterion) {
     let Some(source) = rgw_source() else {
-        eprintln!("miss_rgw: skipped, STRATA_TEST_S3_ENDPOINT/STRATA_TEST_S3_BUCKET not set (run via .ci/bench)");
+        eprintln!(
+            "miss_rgw: skipped, STRATA_TEST_S3_ENDPOINT/STRATA_TEST_S3_BUCKET not set (run it through benches/run.sh)"
+        );
         return;
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -114,7 +116,9 @@ fn miss_rgw(c: &mut Criterion) {
                     let n: usize = futures::stream::iter(0..SIZE / MIB)
                         .map(|i| {
                             let (store, loc) = (store.clone(), loc.clone());
-                            async move { store.get_range(&loc, (i * MIB) as u64..((i + 1) * MIB) as u64).await.unwrap().len() }
+                            async move {
+                                store.get_range(&loc, (i * MIB) as u64..((i + 1) * MIB) as u64).await.unwrap().len()
+                            }
                         })
                         .buffer_unordered(PARALLEL)
                         .fold(0, |a, n| async move { a + n })

@@ -51,7 +51,8 @@ fn changed_object_is_never_served_mixed() {
 fn policy_set_validates_before_applying() {
     let (d, _cold) = local_daemon();
     let good = d.state().join("good.toml");
-    std::fs::write(&good, "eviction = \"lfu\"\nhot_idle = \"2d\"\n[[rule]]\nprefix = \"ckpt/\"\npin = \"hot\"\n").unwrap();
+    std::fs::write(&good, "eviction = \"lfu\"\nhot_idle = \"2d\"\n[[rule]]\nprefix = \"ckpt/\"\npin = \"hot\"\n")
+        .unwrap();
     let out = d.tier_ok(&["policy", "set", good.to_str().unwrap()]);
     assert!(out.contains("now in force"), "{out}");
     let shown = d.tier_ok(&["policy", "show"]);

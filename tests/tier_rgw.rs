@@ -172,11 +172,8 @@ fn rgw_root_full_hot_disk_reads_go_on() {
     let dir = tempfile::tempdir().unwrap();
     let hot = dir.path().join("hot");
     std::fs::create_dir_all(&hot).unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
-        .arg(&hot)
-        .status()
-        .unwrap();
+    let mounted =
+        std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"]).arg(&hot).status().unwrap();
     assert!(mounted.success(), "mounting a tmpfs needs root");
     struct Umount(std::path::PathBuf);
     impl Drop for Umount {
@@ -246,6 +243,9 @@ fn rgw_unreachable_store_names_endpoint_within_timeout() {
         assert!(took < Duration::from_secs(3 + 5), "{what}: waited {took:?}, past the 3s timeout");
         let out = d.tier(&["warmup", "any/"]);
         assert!(!out.status.success());
-        assert!(String::from_utf8_lossy(&out.stdout).contains(&endpoint) || String::from_utf8_lossy(&out.stderr).contains(&endpoint));
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(&endpoint)
+                || String::from_utf8_lossy(&out.stderr).contains(&endpoint)
+        );
     }
 }

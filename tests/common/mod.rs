@@ -85,7 +85,11 @@ pub fn sha(b: &[u8]) -> String {
 }
 
 /// Uploads objects and returns (relative path, sha256) pairs.
-pub async fn upload(store: &dyn object_store::ObjectStore, prefix: &str, objects: &[(&str, usize)]) -> Vec<(String, String)> {
+pub async fn upload(
+    store: &dyn object_store::ObjectStore,
+    prefix: &str,
+    objects: &[(&str, usize)],
+) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for (i, (name, len)) in objects.iter().enumerate() {
         let bytes = data(i as u64 + 1 + prefix.len() as u64, *len);

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 /// Produces the bytes of a chunk on a miss: a ranged GET, a registry fetch, anything. The bytes
 /// it returns must already be verified as far as the source allows; the cache checksums them
@@ -158,34 +158,38 @@ impl TieredCache {
         let inflight = self.inflight.clone();
         // The fetch runs as its own task so a reader that gives up does not cancel it for the
         // others waiting on the same chunk.
-        let task = tokio::spawn(async move {
-            let started = Instant::now();
-            core.metrics.cold_fetches.inc();
-            let result = fetcher.fetch(&key).await;
-            core.metrics.cold_fetch_seconds.0.observe(started.elapsed().as_secs_f64());
-            let result = match result {
-                Ok(data) => {
-                    core.metrics.cold_fetch_bytes.inc_by(data.len() as u64);
-                    if !no_cache {
-                        let prefer = opts.tier.or(core.resolve(&key.path).pin).unwrap_or(TierKind::Hot);
-                        let (c, k, d) = (core.clone(), key.clone(), data.clone());
-                        let stored = tokio::task::spawn_blocking(move || c.store_anywhere(&k, &d, prefer)).await;
-                        match stored {
-                            Ok(Ok(_)) => {}
-                            Ok(Err(e)) => warn!(chunk = %key, error = %e, "serving chunk without caching it"),
-                            Err(e) => warn!(chunk = %key, error = %e, "caching task failed"),
+        let span = tracing::info_span!("cold_fetch", chunk = %key);
+        let task = tokio::spawn(
+            async move {
+                let started = Instant::now();
+                core.metrics.cold_fetches.inc();
+                let result = fetcher.fetch(&key).await;
+                core.metrics.cold_fetch_seconds.0.observe(started.elapsed().as_secs_f64());
+                let result = match result {
+                    Ok(data) => {
+                        core.metrics.cold_fetch_bytes.inc_by(data.len() as u64);
+                        if !no_cache {
+                            let prefer = opts.tier.or(core.resolve(&key.path).pin).unwrap_or(TierKind::Hot);
+                            let (c, k, d) = (core.clone(), key.clone(), data.clone());
+                            let stored = tokio::task::spawn_blocking(move || c.store_anywhere(&k, &d, prefer)).await;
+                            match stored {
+                                Ok(Ok(_)) => {}
+                                Ok(Err(e)) => warn!(chunk = %key, error = %e, "serving chunk without caching it"),
+                                Err(e) => warn!(chunk = %key, error = %e, "caching task failed"),
+                            }
                         }
+                        Ok(data)
                     }
-                    Ok(data)
-                }
-                Err(e) => {
-                    core.metrics.cold_fetch_errors.inc();
-                    Err(e)
-                }
-            };
-            inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
-            result
-        });
+                    Err(e) => {
+                        core.metrics.cold_fetch_errors.inc();
+                        Err(e)
+                    }
+                };
+                inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+                result
+            }
+            .instrument(span),
+        );
         async move {
             match task.await {
                 Ok(r) => r,
@@ -328,6 +332,7 @@ impl TieredCache {
 
     /// One pass of the policy: TTL expiry, idle demotion and eviction, pinned chunks brought to
     /// their tier, then watermarks. The daemon runs this periodically.
+    #[tracing::instrument(name = "policy_pass", skip_all)]
     pub async fn apply_policy(&self) -> Result<PolicyPass, CacheError> {
         self.blocking(|core| {
             let now = now_ms();

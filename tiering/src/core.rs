@@ -151,7 +151,7 @@ impl Core {
     pub fn lookup(&self, key: &ChunkKey, id: &KeyId) -> Option<Hit> {
         let now = now_ms();
         let half_life = self.half_life_ms();
-        let (file, tier, generation, pin) = {
+        let (file, tier, generation, pin, disk_len) = {
             let mut ix = self.lock();
             let Some(e) = ix.entries.get_mut(id) else {
                 drop(ix);
@@ -171,7 +171,7 @@ impl Core {
                 Some(Ok(f)) => {
                     let e = ix.entries.get_mut(id).expect("entry checked above");
                     e.touch(now, half_life);
-                    (f, e.tier, e.generation, e.pin)
+                    (f, e.tier, e.generation, e.pin, e.disk_len)
                 }
                 other => {
                     if let Some(Err(err)) = other {
@@ -184,7 +184,7 @@ impl Core {
                 }
             }
         };
-        match chunkfile::read_verified_file(file, *id) {
+        match chunkfile::read_verified_file(file, *id, disk_len) {
             Ok(bytes) => {
                 if tier == TierKind::Warm {
                     self.count_misses(&[TierKind::Hot]);
@@ -303,7 +303,7 @@ impl Core {
             }
         };
         let (file, key, generation, disk_len) = snapshot;
-        let data = match chunkfile::read_verified_file(file, *id) {
+        let data = match chunkfile::read_verified_file(file, *id, disk_len) {
             Ok(d) => d,
             Err(err) => {
                 if !matches!(err, ChunkFileError::Io(_)) {

@@ -110,6 +110,7 @@ impl Progress {
     }
 }
 
+#[tracing::instrument(name = "warmup", skip_all, fields(tier = %tier, parallel = parallel))]
 /// Lists the objects under the patterns, then fetches every chunk into `tier` with `parallel`
 /// fetches in flight. A chunk that cannot be cached (tier full of pinned data, say) counts as
 /// failed with the reason, so the summary never claims more than is there.

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use tracing::{info, warn};
+use tracing::{info, instrument, warn};
 
 /// What the handlers share.
 #[derive(Debug, Clone)]
@@ -84,6 +84,7 @@ pub fn router(state: AdminState) -> Router {
         .with_state(state)
 }
 
+#[instrument(name = "admin", skip_all, fields(op = "status"))]
 async fn status(State(s): State<AdminState>) -> Json<StatusReport> {
     Json(StatusReport {
         cold: s.source.describe().to_string(),
@@ -96,10 +97,12 @@ fn policy_view(s: &AdminState) -> PolicyView {
     PolicyView { file: s.policy_file.clone(), policy: s.cache.policy().to_toml(), pins: s.cache.pins() }
 }
 
+#[instrument(name = "admin", skip_all, fields(op = "policy_show"))]
 async fn policy_show(State(s): State<AdminState>) -> Json<PolicyView> {
     Json(policy_view(&s))
 }
 
+#[instrument(name = "admin", skip_all, fields(op = "policy_set"))]
 async fn policy_set(State(s): State<AdminState>, body: String) -> Reply<PolicyView> {
     let policy = Policy::from_toml(&body).map_err(|e| bad(format!("policy rejected, nothing changed: {e}")))?;
     // Persist first: a policy that cannot be saved would silently revert at the next restart.
@@ -113,6 +116,7 @@ async fn policy_set(State(s): State<AdminState>, body: String) -> Reply<PolicyVi
     Ok(Json(policy_view(&s)))
 }
 
+#[instrument(name = "admin", skip_all, fields(op = "pin"))]
 async fn pin(State(s): State<AdminState>, Json(r): Json<PinRequest>) -> Reply<Moved> {
     let mut total = Moved::default();
     for p in patterns(&r.paths)? {
@@ -123,6 +127,7 @@ async fn pin(State(s): State<AdminState>, Json(r): Json<PinRequest>) -> Reply<Mo
     Ok(Json(total))
 }
 
+#[instrument(name = "admin", skip_all, fields(op = "unpin"))]
 async fn unpin(State(s): State<AdminState>, Json(r): Json<PathsRequest>) -> Reply<UnpinResult> {
     let mut removed = 0;
     for p in patterns(&r.paths)? {
@@ -131,6 +136,7 @@ async fn unpin(State(s): State<AdminState>, Json(r): Json<PathsRequest>) -> Repl
     Ok(Json(UnpinResult { removed }))
 }
 
+#[instrument(name = "admin", skip_all, fields(op = "warmup_start"))]
 async fn warmup_start(State(s): State<AdminState>, Json(r): Json<WarmupRequest>) -> Reply<JobCreated> {
     let pats = patterns(&r.paths)?;
     if r.parallel == 0 || r.parallel > 1024 {
@@ -143,12 +149,14 @@ async fn warmup_start(State(s): State<AdminState>, Json(r): Json<WarmupRequest>)
     Ok(Json(JobCreated { id }))
 }
 
+#[instrument(name = "admin", skip_all, fields(op = "job"))]
 async fn job(State(s): State<AdminState>, Path(id): Path<u64>) -> Reply<JobStatus> {
     let jobs = s.jobs.lock().unwrap_or_else(|p| p.into_inner());
     let p = jobs.get(&id).ok_or_else(|| Failure(StatusCode::NOT_FOUND, format!("no warm-up job {id}")))?;
     Ok(Json(p.snapshot(id)))
 }
 
+#[instrument(name = "admin", skip_all, fields(op = "evict"))]
 async fn evict(State(s): State<AdminState>, Json(r): Json<PathsRequest>) -> Reply<Moved> {
     let mut total = Moved::default();
     for p in patterns(&r.paths)? {
@@ -160,16 +168,19 @@ async fn evict(State(s): State<AdminState>, Json(r): Json<PathsRequest>) -> Repl
     Ok(Json(total))
 }
 
+#[instrument(name = "admin", skip_all, fields(op = "demote"))]
 async fn demote(State(s): State<AdminState>, Json(r): Json<DemoteRequest>) -> Reply<Moved> {
     Ok(Json(s.cache.demote(r.idle.map(|d| d.0)).await?))
 }
 
+#[instrument(name = "admin", skip_all, fields(op = "apply"))]
 async fn apply(State(s): State<AdminState>) -> Reply<crate::cache::PolicyPass> {
     Ok(Json(s.cache.apply_policy().await?))
 }
 
 /// Streams an object through the cache, chunk by chunk, so operators and tests can check that
 /// what the cache serves equals the source.
+#[instrument(name = "admin", skip_all, fields(op = "read"))]
 async fn read(State(s): State<AdminState>, Path(path): Path<String>) -> Result<Response, Failure> {
     let info = s.source.head(&path).await.map_err(|e| Failure(StatusCode::BAD_GATEWAY, e.to_string()))?;
     let fetcher = s.source.fetcher(&info);

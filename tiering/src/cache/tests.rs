@@ -313,6 +313,7 @@ fn open_file_survives_unlink() {
     let p = dir.path().join("c");
     crate::chunkfile::write_tmp(&p, &k, &bytes_for(&k, CHUNK), false).unwrap();
     let f = std::fs::File::open(&p).unwrap();
+    let len = f.metadata().unwrap().len();
     std::fs::remove_file(&p).unwrap();
-    assert_eq!(crate::chunkfile::read_verified_file(f, k.id()).unwrap(), bytes_for(&k, CHUNK));
+    assert_eq!(crate::chunkfile::read_verified_file(f, k.id(), len).unwrap(), bytes_for(&k, CHUNK));
 }
