@@ -196,6 +196,12 @@ fn print_summary(s: &JobStatus, tier: TierKind) {
         ByteSize(rate as u64),
         s.chunks_failed
     );
+    if s.chunks_elsewhere > 0 {
+        println!(
+            "  {} chunks went to the other tier: {tier} had no room (full of pinned data, or a failing disk)",
+            s.chunks_elsewhere
+        );
+    }
     for e in &s.errors {
         println!("  error: {e}");
     }

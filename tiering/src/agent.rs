@@ -130,6 +130,7 @@ impl Agent {
         if let Some(t) = metrics_task {
             let _ = t.await;
         }
+        self.cache.wait_background(std::time::Duration::from_secs(10)).await;
         if let Err(e) = self.cache.flush().await {
             warn!(error = %e, "could not persist access history on shutdown");
         }

@@ -51,6 +51,8 @@ type SharedFetch = Shared<BoxFuture<'static, Result<Bytes, FetchError>>>;
 pub struct TieredCache {
     core: Arc<Core>,
     inflight: Arc<Mutex<HashMap<KeyId, SharedFetch>>>,
+    /// Background promotions still running.
+    background: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// What a maintenance action did.
@@ -95,7 +97,7 @@ impl TieredCache {
             discarded = report.discarded,
             "cache index rebuilt from tier directories"
         );
-        let cache = TieredCache { core: Arc::new(core), inflight: Default::default() };
+        let cache = TieredCache { core: Arc::new(core), inflight: Default::default(), background: Default::default() };
         // The configured capacity may have shrunk since the files were written.
         for t in TierKind::ALL {
             cache.core.enforce_watermark(t);
@@ -122,7 +124,12 @@ impl TieredCache {
                 if let Some(hit) = hit {
                     if hit.promote && opts.tier != Some(TierKind::Warm) {
                         let core = self.core.clone();
-                        tokio::task::spawn_blocking(move || core.promote(&id));
+                        let background = self.background.clone();
+                        background.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                        tokio::task::spawn_blocking(move || {
+                            core.promote(&id);
+                            background.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                        });
                     }
                     return Ok(hit.bytes);
                 }
@@ -373,6 +380,19 @@ impl TieredCache {
             pass
         })
         .await
+    }
+
+    /// Waits, up to `limit`, until no background promotion is running. Returns whether it got
+    /// there. Used before shutdown, and by tests that check what the policy settles to.
+    pub async fn wait_background(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while self.background.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        true
     }
 
     /// Persists access history; call on shutdown.

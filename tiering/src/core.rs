@@ -447,7 +447,16 @@ impl Core {
         let mut last = None;
         for t in order.into_iter().filter(|t| self.has(*t)) {
             match self.store(key, data, t) {
-                Ok(()) => return Ok(t),
+                Ok(()) => {
+                    if t != prefer
+                        && let Some(pin) = self.resolve(&key.path).pin
+                    {
+                        // Pinned data never evicts other pinned data; say plainly that the pin
+                        // is over-committed rather than shuffling silently.
+                        warn!(chunk = %key, pinned_to = %pin, kept_in = %t, "pinned set does not fit its tier; chunk kept in {t}");
+                    }
+                    return Ok(t);
+                }
                 Err(e) => {
                     debug!(chunk = %key, tier = %t, error = %e, "could not cache chunk in this tier");
                     last = Some(e);
@@ -480,7 +489,8 @@ impl Core {
         victims.len()
     }
 
-    /// Collects entries matching a predicate and claims them for a move.
+    /// Collects entries matching a predicate and claims them for a move. Yields the id, the tier
+    /// and the chunk's data length.
     pub fn claim(&self, pred: impl Fn(&Entry, &Resolved) -> bool) -> Vec<(KeyId, TierKind, u64)> {
         let mut ix = self.lock();
         let mut out = Vec::new();
@@ -491,7 +501,7 @@ impl Core {
             let r = self.resolve(&e.key.path);
             if pred(e, &r) {
                 e.moving = true;
-                out.push((*id, e.tier, e.disk_len));
+                out.push((*id, e.tier, e.data_len));
             }
         }
         out

@@ -103,8 +103,10 @@ impl Index {
         self.chunks[to.index()] += 1;
     }
 
+    /// Bytes in `tier` that no eviction may take: chunks pinned to any tier. A chunk pinned to
+    /// the other tier sits here only while that tier has no room for it.
     pub fn pinned_bytes(&self, tier: TierKind) -> u64 {
-        self.entries.values().filter(|e| e.pin == Some(tier)).map(|e| e.disk_len).sum()
+        self.entries.values().filter(|e| e.tier == tier && e.pin.is_some()).map(|e| e.disk_len).sum()
     }
 
     /// Picks entries of `tier` to move out until at least `need` bytes are freed, in the order

@@ -14,7 +14,7 @@ pub struct TierStatus {
     /// Bytes on disk, chunk headers included.
     pub used: u64,
     pub chunks: u64,
-    /// Bytes of chunks pinned to this tier.
+    /// Bytes in this tier held by pins (to either tier); eviction never takes them.
     pub pinned: u64,
     pub hits: u64,
     pub misses: u64,

@@ -36,6 +36,7 @@ pub struct Progress {
     chunks_done: AtomicU64,
     chunks_failed: AtomicU64,
     chunks_cached_before: AtomicU64,
+    chunks_elsewhere: AtomicU64,
     bytes_total: AtomicU64,
     bytes_done: AtomicU64,
     errors: Mutex<Vec<String>>,
@@ -52,6 +53,9 @@ pub struct JobStatus {
     pub chunks_failed: u64,
     /// Chunks that were already in a local tier.
     pub chunks_cached_before: u64,
+    /// Chunks cached, but in the other tier, because the asked-for tier had no room (it is full
+    /// of pinned data, or its disk failed the write).
+    pub chunks_elsewhere: u64,
     pub bytes_total: u64,
     pub bytes_done: u64,
     pub elapsed_ms: u64,
@@ -68,6 +72,7 @@ impl Default for Progress {
             chunks_done: AtomicU64::new(0),
             chunks_failed: AtomicU64::new(0),
             chunks_cached_before: AtomicU64::new(0),
+            chunks_elsewhere: AtomicU64::new(0),
             bytes_total: AtomicU64::new(0),
             bytes_done: AtomicU64::new(0),
             errors: Mutex::new(Vec::new()),
@@ -87,6 +92,10 @@ impl Progress {
         }
     }
 
+    pub fn finished(&self) -> bool {
+        self.state.load(Ordering::Acquire) >= JobState::Done as u8
+    }
+
     pub fn snapshot(&self, id: u64) -> JobStatus {
         let state = match self.state.load(Ordering::Acquire) {
             0 => JobState::Listing,
@@ -102,6 +111,7 @@ impl Progress {
             chunks_done: self.chunks_done.load(Ordering::Relaxed),
             chunks_failed: self.chunks_failed.load(Ordering::Relaxed),
             chunks_cached_before: self.chunks_cached_before.load(Ordering::Relaxed),
+            chunks_elsewhere: self.chunks_elsewhere.load(Ordering::Relaxed),
             bytes_total: self.bytes_total.load(Ordering::Relaxed),
             bytes_done: self.bytes_done.load(Ordering::Relaxed),
             elapsed_ms: self.started.elapsed().as_millis() as u64,
@@ -157,6 +167,9 @@ pub async fn run(
     while let Some((key, len, before, r)) = done.next().await {
         match r {
             Ok(()) => {
+                if !before && cache.location(&key).is_some_and(|t| t != tier) {
+                    progress.chunks_elsewhere.fetch_add(1, Ordering::Relaxed);
+                }
                 progress.chunks_done.fetch_add(1, Ordering::Relaxed);
                 progress.bytes_done.fetch_add(len, Ordering::Relaxed);
                 if before {

@@ -36,6 +36,8 @@ impl AdminState {
     }
 }
 
+const MAX_JOBS: usize = 256;
+
 struct Failure(StatusCode, String);
 
 impl IntoResponse for Failure {
@@ -144,7 +146,18 @@ async fn warmup_start(State(s): State<AdminState>, Json(r): Json<WarmupRequest>)
     }
     let id = s.next_job.fetch_add(1, Ordering::Relaxed);
     let progress = Arc::new(Progress::default());
-    s.jobs.lock().unwrap_or_else(|p| p.into_inner()).insert(id, progress.clone());
+    {
+        let mut jobs = s.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        // Keep the newest jobs for `strata tier` to poll; forget finished ones beyond that.
+        while jobs.len() >= MAX_JOBS {
+            let oldest = jobs.iter().filter(|(_, p)| p.finished()).map(|(k, _)| *k).min();
+            match oldest {
+                Some(k) => jobs.remove(&k),
+                None => break,
+            };
+        }
+        jobs.insert(id, progress.clone());
+    }
     tokio::spawn(warmup::run(s.cache.clone(), s.source.clone(), pats, r.tier, r.parallel, progress));
     Ok(Json(JobCreated { id }))
 }
