@@ -199,7 +199,13 @@ fn rgw_root_full_hot_disk_reads_go_on() {
     d.metrics = format!("127.0.0.1:{port}");
     assert_eq!(sha(&d.cat(&uploaded[0].0)), uploaded[0].1);
     assert_eq!(sha(&d.cat(&uploaded[0].0)), uploaded[0].1);
-    let s = d.status();
+    // Reads return before their chunks are written to a tier; give the writes a moment.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut s = d.status();
+    while tier(&s, "warm")["chunks"].as_u64().unwrap() == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        s = d.status();
+    }
     assert!(tier(&s, "warm")["chunks"].as_u64().unwrap() > 0, "chunks should land in warm: {s}");
     let m = d.metrics_text();
     let errors = m

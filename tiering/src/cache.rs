@@ -27,11 +27,14 @@ pub trait Fetcher: Send + Sync + 'static {
     fn fetch(&self, key: &ChunkKey) -> BoxFuture<'static, Result<Bytes, FetchError>>;
 }
 
-/// Where a read may place a fetched chunk.
+/// How a read treats a miss.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GetOptions {
     /// Tier to store a fetched chunk in; default: the pinned tier, else hot.
     pub tier: Option<TierKind>,
+    /// Return only once a fetched chunk is in a tier (or caching it failed), not as soon as its
+    /// bytes arrive. For warm-up, and for callers that check placement right after.
+    pub wait_cached: bool,
 }
 
 /// Settings the cache needs to open.
@@ -44,13 +47,26 @@ pub struct CacheConfig {
     pub policy: Policy,
 }
 
-type SharedFetch = Shared<BoxFuture<'static, Result<Bytes, FetchError>>>;
+/// A miss in progress: `data` resolves as soon as the fetcher answers, `cached` once the bytes
+/// are in a tier (or caching them failed). The entry leaves the in-flight map only then, so a
+/// reader arriving in between joins it instead of fetching again.
+#[derive(Clone)]
+struct InFlight {
+    data: Shared<BoxFuture<'static, Result<Bytes, FetchError>>>,
+    cached: Shared<BoxFuture<'static, ()>>,
+}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InFlight")
+    }
+}
 
 /// The tiered chunk cache. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct TieredCache {
     core: Arc<Core>,
-    inflight: Arc<Mutex<HashMap<KeyId, SharedFetch>>>,
+    inflight: Arc<Mutex<HashMap<KeyId, InFlight>>>,
     /// Background promotions still running.
     background: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -148,7 +164,11 @@ impl TieredCache {
                     f
                 }
             };
-            return fut.await.map_err(|source| CacheError::Fetch { key: key.to_string(), source });
+            let data = fut.data.await.map_err(|source| CacheError::Fetch { key: key.to_string(), source })?;
+            if opts.wait_cached {
+                fut.cached.await;
+            }
+            return Ok(data);
         }
         Err(CacheError::Task(format!("chunk {key} kept vanishing from the cache while being read")))
     }
@@ -160,51 +180,57 @@ impl TieredCache {
         fetcher: Arc<dyn Fetcher>,
         opts: GetOptions,
         no_cache: bool,
-    ) -> SharedFetch {
+    ) -> InFlight {
         let core = self.core.clone();
         let inflight = self.inflight.clone();
-        // The fetch runs as its own task so a reader that gives up does not cancel it for the
-        // others waiting on the same chunk.
+        let (tx, rx) = tokio::sync::oneshot::channel::<Result<Bytes, FetchError>>();
         let span = tracing::info_span!("cold_fetch", chunk = %key);
+        // The fetch runs as its own task so a reader that gives up does not cancel it for the
+        // others waiting on the same chunk. Readers get the bytes as soon as they arrive; writing
+        // them into a tier happens after, off their critical path.
         let task = tokio::spawn(
             async move {
                 let started = Instant::now();
                 core.metrics.cold_fetches.inc();
                 let result = fetcher.fetch(&key).await;
                 core.metrics.cold_fetch_seconds.0.observe(started.elapsed().as_secs_f64());
-                let result = match result {
+                match &result {
                     Ok(data) => {
                         core.metrics.cold_fetch_bytes.inc_by(data.len() as u64);
-                        if !no_cache {
-                            let prefer = opts.tier.or(core.resolve(&key.path).pin).unwrap_or(TierKind::Hot);
-                            let (c, k, d) = (core.clone(), key.clone(), data.clone());
-                            let stored = tokio::task::spawn_blocking(move || c.store_anywhere(&k, &d, prefer)).await;
-                            match stored {
-                                Ok(Ok(_)) => {}
-                                Ok(Err(e)) => warn!(chunk = %key, error = %e, "serving chunk without caching it"),
-                                Err(e) => warn!(chunk = %key, error = %e, "caching task failed"),
-                            }
-                        }
-                        Ok(data)
                     }
-                    Err(e) => {
+                    Err(_) => {
                         core.metrics.cold_fetch_errors.inc();
-                        Err(e)
                     }
-                };
+                }
+                let _ = tx.send(result.clone());
+                if let Ok(data) = result
+                    && !no_cache
+                {
+                    let prefer = opts.tier.or(core.resolve(&key.path).pin).unwrap_or(TierKind::Hot);
+                    let (c, k) = (core.clone(), key.clone());
+                    match tokio::task::spawn_blocking(move || c.store_anywhere(&k, &data, prefer)).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => warn!(chunk = %key, error = %e, "serving chunk without caching it"),
+                        Err(e) => warn!(chunk = %key, error = %e, "caching task failed"),
+                    }
+                }
                 inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
-                result
             }
             .instrument(span),
         );
-        async move {
-            match task.await {
-                Ok(r) => r,
-                Err(e) => Err(Arc::new(e) as FetchError),
-            }
+        let data = async move {
+            rx.await.unwrap_or_else(|_| {
+                Err(Arc::new(std::io::Error::other("the fetch task ended without an answer")) as FetchError)
+            })
         }
         .boxed()
-        .shared()
+        .shared();
+        let cached = async move {
+            let _ = task.await;
+        }
+        .boxed()
+        .shared();
+        InFlight { data, cached }
     }
 
     /// Serves a chunk only if a local tier holds it; never fetches. For callers on their own

@@ -194,7 +194,7 @@ async fn warm_one(
     tier: TierKind,
 ) -> (ChunkKey, u64, bool, Result<(), CacheError>) {
     let before = cache.location(&key).is_some();
-    let r = match cache.get(&key, fetcher, GetOptions { tier: Some(tier) }).await {
+    let r = match cache.get(&key, fetcher, GetOptions { tier: Some(tier), wait_cached: true }).await {
         // The read worked but the chunk was not kept; storing it again reports why.
         Ok(data) if cache.location(&key).is_none() => cache.put(key.clone(), data, tier).await.map(|_| ()),
         Ok(_) => Ok(()),

@@ -93,7 +93,7 @@ fn run(ops: Vec<Op>, eviction: &str) -> Result<(), TestCaseError> {
                     let present = model.must_have.contains(&(path, chunk));
                     let before = src.calls.load(Ordering::SeqCst);
                     let tier = matches!(op, Op::ReadIntoWarm { .. }).then_some(TierKind::Warm);
-                    let got = cache.get(&k, src.clone(), GetOptions { tier }).await.unwrap();
+                    let got = cache.get(&k, src.clone(), GetOptions { tier, wait_cached: true }).await.unwrap();
                     prop_assert_eq!(&got, &expected(&k));
                     if present {
                         prop_assert_eq!(src.calls.load(Ordering::SeqCst), before, "present chunk {} was fetched", k);

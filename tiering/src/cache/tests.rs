@@ -50,6 +50,8 @@ fn key(path: &str, i: u64) -> ChunkKey {
 }
 
 const CHUNK: usize = 4096;
+/// Reads that return once the chunk is placed, so tests can look at where it went.
+const W: GetOptions = GetOptions { tier: None, wait_cached: true };
 /// What one 4 KiB test chunk occupies on disk.
 fn disk(k: &ChunkKey) -> u64 {
     crate::chunkfile::encoded_len(k, CHUNK as u64)
@@ -61,8 +63,8 @@ async fn miss_fetches_once_then_hits() {
     let c = open(dir.path(), 1 << 20, Some(1 << 20), Policy::default());
     let f = fetcher(CHUNK);
     let k = key("a", 0);
-    let first = c.get(&k, f.clone(), Default::default()).await.unwrap();
-    let second = c.get(&k, f.clone(), Default::default()).await.unwrap();
+    let first = c.get(&k, f.clone(), W).await.unwrap();
+    let second = c.get(&k, f.clone(), W).await.unwrap();
     assert_eq!(first, bytes_for(&k, CHUNK));
     assert_eq!(second, first);
     assert_eq!(f.calls.load(Ordering::SeqCst), 1);
@@ -81,7 +83,7 @@ async fn concurrent_misses_share_one_fetch() {
     let tasks: Vec<_> = (0..16)
         .map(|_| {
             let (c, f, k) = (c.clone(), f.clone(), k.clone());
-            tokio::spawn(async move { c.get(&k, f, Default::default()).await.unwrap() })
+            tokio::spawn(async move { c.get(&k, f, W).await.unwrap() })
         })
         .collect();
     for t in tasks {
@@ -96,13 +98,13 @@ async fn flipped_byte_is_refetched_and_counted() {
     let c = open(dir.path(), 1 << 20, None, Policy::default());
     let f = fetcher(CHUNK);
     let k = key("a", 0);
-    c.get(&k, f.clone(), Default::default()).await.unwrap();
+    c.get(&k, f.clone(), W).await.unwrap();
     let path = dir.path().join("hot/chunks").join(&k.id().to_hex()[..2]).join(k.id().to_hex());
     let mut raw = std::fs::read(&path).unwrap();
     let n = raw.len();
     raw[n - 100] ^= 0x40;
     std::fs::write(&path, raw).unwrap();
-    let again = c.get(&k, f.clone(), Default::default()).await.unwrap();
+    let again = c.get(&k, f.clone(), W).await.unwrap();
     assert_eq!(again, bytes_for(&k, CHUNK));
     assert_eq!(f.calls.load(Ordering::SeqCst), 2);
     assert_eq!(c.status().checksum_failures, 1);
@@ -120,7 +122,7 @@ async fn hot_overflow_demotes_to_warm_and_caps_hold() {
     let f = fetcher(CHUNK);
     for i in 0..60 {
         let k = key("d", i);
-        assert_eq!(c.get(&k, f.clone(), Default::default()).await.unwrap(), bytes_for(&k, CHUNK));
+        assert_eq!(c.get(&k, f.clone(), W).await.unwrap(), bytes_for(&k, CHUNK));
         let s = c.status();
         assert!(s.tier(TierKind::Hot).unwrap().used <= hot_cap);
         assert!(s.tier(TierKind::Warm).unwrap().used <= warm_cap);
@@ -150,9 +152,9 @@ async fn warm_hit_promotes_to_hot() {
     let c = open(dir.path(), 1 << 20, Some(1 << 20), Policy::default());
     let f = fetcher(CHUNK);
     let k = key("p", 0);
-    c.get(&k, f.clone(), GetOptions { tier: Some(TierKind::Warm) }).await.unwrap();
+    c.get(&k, f.clone(), GetOptions { tier: Some(TierKind::Warm), wait_cached: true }).await.unwrap();
     assert_eq!(c.location(&k), Some(TierKind::Warm));
-    assert_eq!(c.get(&k, f.clone(), Default::default()).await.unwrap(), bytes_for(&k, CHUNK));
+    assert_eq!(c.get(&k, f.clone(), W).await.unwrap(), bytes_for(&k, CHUNK));
     for _ in 0..100 {
         if c.location(&k) == Some(TierKind::Hot) {
             break;
@@ -172,11 +174,11 @@ async fn pinned_chunks_stay_and_oversized_pins_are_refused() {
     let c = open(dir.path(), hot_cap, Some(100 * disk(&k0)), Policy::default());
     let f = fetcher(CHUNK);
     for i in 0..3 {
-        c.get(&key("keep/x", i), f.clone(), Default::default()).await.unwrap();
+        c.get(&key("keep/x", i), f.clone(), W).await.unwrap();
     }
     c.pin(PathPattern::parse("keep/").unwrap(), TierKind::Hot).await.unwrap();
     for i in 0..40 {
-        c.get(&key("churn", i), f.clone(), Default::default()).await.unwrap();
+        c.get(&key("churn", i), f.clone(), W).await.unwrap();
     }
     c.demote(Some(Duration::ZERO)).await.unwrap();
     c.evict(PathPattern::parse("keep/").unwrap()).await.unwrap();
@@ -185,7 +187,7 @@ async fn pinned_chunks_stay_and_oversized_pins_are_refused() {
     }
     // Nine more chunks would take the pinned set past the high watermark (90% of 10 chunks).
     for i in 0..9 {
-        c.get(&key("big/y", i), f.clone(), GetOptions { tier: Some(TierKind::Warm) }).await.unwrap();
+        c.get(&key("big/y", i), f.clone(), GetOptions { tier: Some(TierKind::Warm), wait_cached: true }).await.unwrap();
     }
     let err = c.pin(PathPattern::parse("big/").unwrap(), TierKind::Hot).await.unwrap_err();
     assert!(matches!(err, CacheError::PinTooLarge { .. }), "{err}");
@@ -200,7 +202,7 @@ async fn restart_rebuilds_index_and_discards_damage() {
     {
         let c = open(dir.path(), 1 << 20, Some(1 << 20), Policy::default());
         for i in 0..5 {
-            c.get(&key("r", i), f.clone(), Default::default()).await.unwrap();
+            c.get(&key("r", i), f.clone(), W).await.unwrap();
         }
         c.pin(PathPattern::parse("r").unwrap(), TierKind::Hot).await.unwrap();
         c.flush().await.unwrap();
@@ -219,7 +221,7 @@ async fn restart_rebuilds_index_and_discards_damage() {
     assert!(!p.with_extension("tmp.1.1").exists());
     for i in 0..5 {
         let k = key("r", i);
-        assert_eq!(c.get(&k, f.clone(), Default::default()).await.unwrap(), bytes_for(&k, CHUNK));
+        assert_eq!(c.get(&k, f.clone(), W).await.unwrap(), bytes_for(&k, CHUNK));
     }
     assert_eq!(f.calls.load(Ordering::SeqCst), 6, "only the torn chunk was fetched again");
 }
@@ -231,7 +233,7 @@ async fn restart_with_smaller_capacity_enforces_it() {
     {
         let c = open(dir.path(), 1 << 20, None, Policy::default());
         for i in 0..20 {
-            c.get(&key("s", i), f.clone(), Default::default()).await.unwrap();
+            c.get(&key("s", i), f.clone(), W).await.unwrap();
         }
     }
     let cap = 8 * disk(&key("s", 0));
@@ -248,9 +250,9 @@ async fn rules_apply_no_cache_and_ttl() {
     .unwrap();
     let c = open(dir.path(), 1 << 20, None, policy);
     let f = fetcher(CHUNK);
-    c.get(&key("scratch/a", 0), f.clone(), Default::default()).await.unwrap();
+    c.get(&key("scratch/a", 0), f.clone(), W).await.unwrap();
     assert_eq!(c.location(&key("scratch/a", 0)), None);
-    c.get(&key("short/a", 0), f.clone(), Default::default()).await.unwrap();
+    c.get(&key("short/a", 0), f.clone(), W).await.unwrap();
     tokio::time::sleep(Duration::from_millis(5)).await;
     c.apply_policy().await.unwrap();
     assert_eq!(c.location(&key("short/a", 0)), None);
@@ -264,12 +266,12 @@ async fn lfu_keeps_the_frequently_read() {
     let cap = 5 * disk(&k0);
     let c = open(dir.path(), cap, None, Policy::from_toml("eviction = \"lfu\"").unwrap());
     let f = fetcher(CHUNK);
-    c.get(&k0, f.clone(), Default::default()).await.unwrap();
+    c.get(&k0, f.clone(), W).await.unwrap();
     for _ in 0..5 {
-        c.get(&k0, f.clone(), Default::default()).await.unwrap();
+        c.get(&k0, f.clone(), W).await.unwrap();
     }
     for i in 1..12 {
-        c.get(&key("l", i), f.clone(), Default::default()).await.unwrap();
+        c.get(&key("l", i), f.clone(), W).await.unwrap();
     }
     assert_eq!(c.location(&k0), Some(TierKind::Hot), "the most-read chunk survives under LFU");
 }
@@ -283,7 +285,7 @@ async fn unwritable_hot_tier_falls_back_to_warm() {
     let fan = dir.path().join("hot/chunks").join(&k.id().to_hex()[..2]);
     std::fs::write(&fan, b"in the way").unwrap();
     let f = fetcher(CHUNK);
-    assert_eq!(c.get(&k, f.clone(), Default::default()).await.unwrap(), bytes_for(&k, CHUNK));
+    assert_eq!(c.get(&k, f.clone(), W).await.unwrap(), bytes_for(&k, CHUNK));
     assert_eq!(c.location(&k), Some(TierKind::Warm));
     assert_eq!(c.metrics().write_errors.get_or_create(&crate::metrics::tier(TierKind::Hot)).get(), 1);
 }
@@ -299,7 +301,7 @@ async fn fetch_errors_reach_every_waiter() {
     }
     let dir = tempfile::tempdir().unwrap();
     let c = open(dir.path(), 1 << 20, None, Policy::default());
-    let err = c.get(&key("e", 0), Arc::new(Failing), Default::default()).await.unwrap_err();
+    let err = c.get(&key("e", 0), Arc::new(Failing), W).await.unwrap_err();
     assert!(err.to_string().contains("127.0.0.1:1"), "{err}");
     assert_eq!(c.status().cold_fetch_errors, 1);
     assert_eq!(c.location(&key("e", 0)), None);
