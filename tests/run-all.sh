@@ -57,6 +57,15 @@ else
 fi
 set -e
 rm -f "$OUT"
+
+# Evidence that the tests really talked to the RGW started above: its own access log.
+RGW_LOG="$RGW_DIR/log/client.rgw.a.log"
+if [[ -f $RGW_LOG ]]; then
+  requests=$(grep -c ' beast: .*"[A-Z]* /' "$RGW_LOG" || true)
+  ranged=$(grep -cE ' beast: .*"GET /[^"]*" 206 ' "$RGW_LOG" || true)
+  log "rgw served $requests requests during this run, $ranged of them ranged GETs (206); a sample:"
+  grep -E ' beast: .*"GET /[^"]*" 206 ' "$RGW_LOG" | sed -E 's/^.* beast: [^ ]+ //' | head -3 || true
+fi
 passed=$((passed + ${tp:-0}))
 failed=$((failed + ${tf:-0}))
 if [[ $status -ne 0 && ${tf:-0} -eq 0 ]]; then

@@ -94,6 +94,7 @@ impl TieredCache {
         let warm = config.warm.map(|c| open(TierKind::Warm, c)).transpose()?;
         std::fs::create_dir_all(&config.state_dir)
             .map_err(|e| CacheError::io("creating state dir", &config.state_dir, e))?;
+        let lock = restore::lock_state_dir(&config.state_dir)?;
         let metrics = Metrics::default();
         let core = Core {
             tiers: [Some(hot), warm],
@@ -102,6 +103,7 @@ impl TieredCache {
             pins: std::sync::RwLock::new(restore::load_pins(&config.state_dir)),
             metrics,
             state_dir: config.state_dir,
+            _lock: lock,
         };
         for t in core.tiers.iter().flatten() {
             core.metrics.capacity.get_or_create(&metrics::tier(t.kind)).set(t.capacity() as i64);

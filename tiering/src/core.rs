@@ -37,6 +37,9 @@ pub(crate) struct Core {
     pub pins: RwLock<Vec<Pin>>,
     pub metrics: Metrics,
     pub state_dir: PathBuf,
+    /// Held for the cache's lifetime: two processes sharing tier directories would each
+    /// account and evict the other's files.
+    pub _lock: File,
 }
 
 /// What a lookup found.
@@ -303,6 +306,15 @@ impl Core {
             }
         };
         let (file, key, generation, disk_len) = snapshot;
+        // Room first: a move that cannot happen should not cost a read of the chunk.
+        let reservation = match self.reserve(to, disk_len) {
+            Ok(r) => r,
+            Err(err) => {
+                debug!(chunk = %key, error = %err, "no room to move chunk");
+                self.abandon_move(id, generation, from, "capacity");
+                return false;
+            }
+        };
         let data = match chunkfile::read_verified_file(file, *id, disk_len) {
             Ok(d) => d,
             Err(err) => {
@@ -311,14 +323,6 @@ impl Core {
                 }
                 warn!(chunk = %key, tier = %from, error = %err, "dropping a chunk that failed verification while moving");
                 self.drop_if_current(id, generation, "corrupt");
-                return false;
-            }
-        };
-        let reservation = match self.reserve(to, disk_len) {
-            Ok(r) => r,
-            Err(err) => {
-                debug!(chunk = %key, error = %err, "no room to move chunk");
-                self.abandon_move(id, generation, from, "capacity");
                 return false;
             }
         };

@@ -93,6 +93,26 @@ pub(crate) fn rebuild_index(core: &Core) -> RebuildReport {
     report
 }
 
+/// Takes an exclusive lock on `<state_dir>/lock`, released when the process exits however it
+/// exits, so a second daemon on the same cache fails at once instead of corrupting it.
+pub(crate) fn lock_state_dir(dir: &Path) -> Result<std::fs::File, CacheError> {
+    let path = dir.join("lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| CacheError::io("opening lock file", &path, e))?;
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => Err(CacheError::State {
+            path,
+            message: "another strata process is using this cache; stop it or give this one another state_dir".into(),
+        }),
+        Err(std::fs::TryLockError::Error(e)) => Err(CacheError::io("locking", &path, e)),
+    }
+}
+
 fn write_state(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), CacheError> {
     let path = dir.join(name);
     let tmp = dir.join(format!(".{name}.tmp"));

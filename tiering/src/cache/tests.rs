@@ -319,3 +319,19 @@ fn open_file_survives_unlink() {
     std::fs::remove_file(&p).unwrap();
     assert_eq!(crate::chunkfile::read_verified_file(f, k.id(), len).unwrap(), bytes_for(&k, CHUNK));
 }
+
+#[test]
+fn a_second_cache_on_the_same_state_dir_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = open(dir.path(), 1 << 20, None, Policy::default());
+    let err = TieredCache::open(CacheConfig {
+        hot: TierConfig::new(dir.path().join("hot"), 1 << 20),
+        warm: None,
+        state_dir: dir.path().join("state"),
+        policy: Policy::default(),
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("another strata process"), "{err}");
+    drop(first);
+    open(dir.path(), 1 << 20, None, Policy::default());
+}
