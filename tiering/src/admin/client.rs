@@ -37,32 +37,48 @@ impl AdminClient {
         &self.socket
     }
 
-    async fn call(&self, method: Method, path: &str, body: Bytes, content_type: &str) -> Result<Bytes, ClientError> {
+    async fn send(&self, req: Request<Full<Bytes>>) -> Result<hyper::Response<hyper::body::Incoming>, ClientError> {
         let stream = tokio::net::UnixStream::connect(&self.socket)
             .await
             .map_err(|source| ClientError::NotRunning { socket: self.socket.clone(), source })?;
-        let transport =
-            |e: hyper::Error| ClientError::Transport { socket: self.socket.clone(), message: e.to_string() };
         let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(transport)?;
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| self.transport(e))?;
         tokio::spawn(conn);
-        let req = Request::builder()
+        sender.send_request(req).await.map_err(|e| self.transport(e))
+    }
+
+    fn transport(&self, e: impl std::fmt::Display) -> ClientError {
+        ClientError::Transport { socket: self.socket.clone(), message: e.to_string() }
+    }
+
+    fn request(method: Method, path: &str, body: Bytes, content_type: &str) -> Request<Full<Bytes>> {
+        Request::builder()
             .method(method)
             .uri(path)
             .header("host", "strata")
             .header("content-type", content_type)
             .body(Full::new(body))
-            .expect("static request parts are valid");
-        let resp = sender.send_request(req).await.map_err(transport)?;
+            .expect("static request parts are valid")
+    }
+
+    async fn api_error(&self, status: hyper::StatusCode, body: hyper::body::Incoming) -> ClientError {
+        let bytes = match body.collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) => return self.transport(e),
+        };
+        let message = serde_json::from_slice::<ApiError>(&bytes)
+            .map(|e| e.error)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+        ClientError::Api { status: status.as_u16(), message }
+    }
+
+    async fn call(&self, method: Method, path: &str, body: Bytes, content_type: &str) -> Result<Bytes, ClientError> {
+        let resp = self.send(Self::request(method, path, body, content_type)).await?;
         let status = resp.status();
-        let bytes = resp.into_body().collect().await.map_err(transport)?.to_bytes();
         if !status.is_success() {
-            let message = serde_json::from_slice::<ApiError>(&bytes)
-                .map(|e| e.error)
-                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
-            return Err(ClientError::Api { status: status.as_u16(), message });
+            return Err(self.api_error(status, resp.into_body()).await);
         }
-        Ok(bytes)
+        Ok(resp.into_body().collect().await.map_err(|e| self.transport(e))?.to_bytes())
     }
 
     fn decode<T: DeserializeOwned>(b: Bytes) -> Result<T, ClientError> {
@@ -85,42 +101,27 @@ impl AdminClient {
         out: &mut (impl tokio::io::AsyncWrite + Unpin),
     ) -> Result<u64, ClientError> {
         use tokio::io::AsyncWriteExt;
-        let stream = tokio::net::UnixStream::connect(&self.socket)
-            .await
-            .map_err(|source| ClientError::NotRunning { socket: self.socket.clone(), source })?;
-        let transport = |e: String| ClientError::Transport { socket: self.socket.clone(), message: e };
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| transport(e.to_string()))?;
-        tokio::spawn(conn);
-        let req = Request::builder()
-            .uri(format!("{}/{}", super::api::READ, path.trim_start_matches('/')))
-            .header("host", "strata")
-            .body(Full::new(Bytes::new()))
-            .expect("static request parts are valid");
-        let resp = sender.send_request(req).await.map_err(|e| transport(e.to_string()))?;
+        let uri = format!("{}/{}", super::api::READ, path.trim_start_matches('/'));
+        let resp = self.send(Self::request(Method::GET, &uri, Bytes::new(), "application/json")).await?;
         let status = resp.status();
         let expected: Option<u64> =
             resp.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
-        let mut body = resp.into_body();
         if !status.is_success() {
-            let bytes = body.collect().await.map_err(|e| transport(e.to_string()))?.to_bytes();
-            let message = serde_json::from_slice::<ApiError>(&bytes)
-                .map(|e| e.error)
-                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
-            return Err(ClientError::Api { status: status.as_u16(), message });
+            return Err(self.api_error(status, resp.into_body()).await);
         }
+        let mut body = resp.into_body();
         let mut n = 0u64;
         while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| transport(format!("read of {path} broke off after {n} bytes: {e}")))?;
+            let frame = frame.map_err(|e| self.transport(format!("read of {path} broke off after {n} bytes: {e}")))?;
             if let Ok(data) = frame.into_data() {
-                out.write_all(&data).await.map_err(|e| transport(e.to_string()))?;
+                out.write_all(&data).await.map_err(|e| self.transport(e))?;
                 n += data.len() as u64;
             }
         }
-        if expected.is_some_and(|e| e != n) {
-            return Err(transport(format!("read of {path} broke off after {n} of {} bytes", expected.unwrap_or(0))));
+        if let Some(total) = expected.filter(|t| *t != n) {
+            return Err(self.transport(format!("read of {path} broke off after {n} of {total} bytes")));
         }
-        out.flush().await.map_err(|e| transport(e.to_string()))?;
+        out.flush().await.map_err(|e| self.transport(e))?;
         Ok(n)
     }
 
