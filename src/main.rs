@@ -1,5 +1,6 @@
 //! The `strata` binary: command-line parsing and wiring. The work lives in the crates.
 
+mod mount_cmd;
 mod tier_cmd;
 
 use anyhow::Context;
@@ -21,6 +22,8 @@ enum Command {
     Daemon(DaemonArgs),
     /// Inspect and steer the tiered cache of a running daemon.
     Tier(tier_cmd::TierArgs),
+    /// Mount a bucket prefix (or a local directory) read-only through the tiered cache.
+    Mount(mount_cmd::MountArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -54,6 +57,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Daemon(args) => daemon(args).await,
             Command::Tier(args) => tier_cmd::run(args).await,
+            Command::Mount(args) => mount_cmd::run(args, shutdown_signal()).await,
         }
     });
     match result {

@@ -1,1 +1,16 @@
-//! strata-cachefs
+//! strata-cachefs: a FUSE filesystem that serves a bucket prefix (or any [`Namespace`]) through
+//! the tiered chunk cache.
+//!
+//! [`FsCore`] holds the filesystem logic and can be driven without the kernel; [`fuse`] is the
+//! thin fuser adapter over it; [`mount`] sets up the session.
+
+pub mod core;
+pub mod fuse;
+pub mod mount;
+pub mod namespace;
+pub mod objects;
+
+pub use crate::core::{FsCore, FsError, FsOptions};
+pub use crate::mount::{MountError, MountOptions, mount, unmount};
+pub use crate::namespace::{Namespace, Node, NodeKind, NsError};
+pub use crate::objects::ObjectNamespace;

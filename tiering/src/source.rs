@@ -113,6 +113,12 @@ pub struct ObjectInfo {
     pub path: String,
     pub size: u64,
     pub version: String,
+    #[serde(default = "epoch")]
+    pub modified: std::time::SystemTime,
+}
+
+fn epoch() -> std::time::SystemTime {
+    std::time::SystemTime::UNIX_EPOCH
 }
 
 /// The cold store of one bucket prefix or directory.
@@ -268,7 +274,18 @@ impl ObjectSource {
             .clone()
             .or(m.version.clone())
             .unwrap_or_else(|| format!("{}-{}", m.last_modified.timestamp_nanos_opt().unwrap_or(0), m.size));
-        ObjectInfo { path: self.relative(&m.location), size: m.size, version }
+        ObjectInfo { path: self.relative(&m.location), size: m.size, version, modified: m.last_modified.into() }
+    }
+
+    /// One level of the `/`-delimited tree under `dir` (relative, no trailing slash; "" for the
+    /// top): the names of sub-directories, and the objects directly inside.
+    pub async fn list_dir(&self, dir: &str) -> Result<(Vec<String>, Vec<ObjectInfo>), SourceError> {
+        let dir = dir.trim_matches('/');
+        let loc = if dir.is_empty() && self.prefix.is_empty() { None } else { Some(self.location(dir)) };
+        let r = self.bounded("LIST", dir, self.store.list_with_delimiter(loc.as_ref())).await?;
+        let dirs = r.common_prefixes.iter().filter_map(|p| p.filename().map(str::to_string)).collect();
+        let objects = r.objects.into_iter().map(|m| self.info(m)).collect();
+        Ok((dirs, objects))
     }
 
     pub async fn head(&self, path: &str) -> Result<ObjectInfo, SourceError> {

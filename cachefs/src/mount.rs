@@ -1,0 +1,103 @@
+//! Mounting: the fuser session with the options pods need, and the tuning the kernel does not
+//! do by itself.
+
+use crate::core::FsCore;
+use crate::fuse::{KernelTtl, StrataFs};
+use fuser::{BackgroundSession, Config, MountOption, SessionACL};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::Arc;
+use tracing::{info, warn};
+
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("mount point {path}: {message}")]
+    MountPoint { path: String, message: String },
+    #[error("mounting {path} failed: {source} (is /dev/fuse there, and fuse3's fusermount3 installed?)")]
+    Fuse { path: String, source: std::io::Error },
+}
+
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    pub ttl: KernelTtl,
+    /// FUSE worker threads, each with its own cloned /dev/fuse descriptor.
+    pub threads: usize,
+    /// Let other users (pods) in; the kernel then checks permissions itself.
+    pub allow_other: bool,
+    /// Kernel read-ahead for the mount, in KiB.
+    pub read_ahead_kb: u32,
+}
+
+/// Mounts `core` at `mountpoint`; the mount lives as long as the returned session. A crashed
+/// process leaves no stale mount: fusermount3 unmounts it (`AutoUnmount`).
+pub fn mount(
+    core: Arc<FsCore>,
+    mountpoint: &Path,
+    rt: tokio::runtime::Handle,
+    opts: &MountOptions,
+) -> Result<BackgroundSession, MountError> {
+    let path = mountpoint.display().to_string();
+    let meta = std::fs::metadata(mountpoint)
+        .map_err(|e| MountError::MountPoint { path: path.clone(), message: e.to_string() })?;
+    if !meta.is_dir() {
+        return Err(MountError::MountPoint { path, message: "not a directory".into() });
+    }
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(format!("strata:{}", core.describe())),
+        MountOption::Subtype("strata".into()),
+        MountOption::RO,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::AutoUnmount,
+    ];
+    if opts.allow_other {
+        config.mount_options.push(MountOption::DefaultPermissions);
+        config.acl = SessionACL::All;
+    } else {
+        config.acl = SessionACL::RootAndOwner;
+    }
+    config.n_threads = Some(opts.threads.max(1));
+    config.clone_fd = opts.threads > 1;
+    let fs = StrataFs::new(core, rt, opts.ttl, current_uid(), current_gid());
+    let session = fuser::spawn_mount(fs, mountpoint, &config)
+        .map_err(|source| MountError::Fuse { path: path.clone(), source })?;
+    raise_read_ahead(mountpoint, opts.read_ahead_kb);
+    info!(mountpoint = %path, threads = opts.threads, "mounted");
+    Ok(session)
+}
+
+/// Unmounts and waits for the session's threads. The mount is detached explicitly (as
+/// `fusermount3 -u -z` would), because the auto-unmount helper only acts when the process dies.
+pub fn unmount(session: BackgroundSession, mountpoint: &Path) -> Result<(), MountError> {
+    let path = mountpoint.display().to_string();
+    let detached = std::process::Command::new("fusermount3")
+        .args(["-u", "-z"])
+        .arg(mountpoint)
+        .status()
+        .map_err(|source| MountError::Fuse { path: path.clone(), source })?;
+    if !detached.success() {
+        warn!(mountpoint = %path, "fusermount3 -u failed; the mount may already be gone");
+    }
+    session.umount_and_join().map_err(|source| MountError::Fuse { path, source })
+}
+
+/// The kernel reads ahead only 128 KiB on a FUSE mount unless the mount's BDI says otherwise.
+fn raise_read_ahead(mountpoint: &Path, kb: u32) {
+    let Ok(meta) = std::fs::metadata(mountpoint) else { return };
+    let dev = meta.dev();
+    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff);
+    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0xff);
+    let knob = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+    if let Err(e) = std::fs::write(&knob, kb.to_string()) {
+        warn!(knob, error = %e, "could not raise the mount's read-ahead; reads stay at 128 KiB");
+    }
+}
+
+fn current_uid() -> u32 {
+    std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(0)
+}
+
+fn current_gid() -> u32 {
+    std::fs::metadata("/proc/self").map(|m| m.gid()).unwrap_or(0)
+}

@@ -1,0 +1,49 @@
+//! The `Namespace` trait: what cachefs needs from a source of files. A dataset is a namespace
+//! whose tree comes from an object listing; an image layer (later) is one whose tree comes from
+//! an eStargz TOC. Both hand out chunk keys and a fetcher, and the tiered cache does the rest.
+
+use futures::future::BoxFuture;
+use std::sync::Arc;
+use std::time::SystemTime;
+use strata_tiering::source::SourceError;
+use strata_tiering::{ChunkKey, Fetcher};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeKind {
+    File,
+    Dir,
+}
+
+/// One entry of a directory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    pub name: String,
+    pub kind: NodeKind,
+    pub size: u64,
+    /// What identifies this content (an ETag); empty for directories.
+    pub version: String,
+    pub mtime: SystemTime,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NsError {
+    #[error(transparent)]
+    Source(#[from] SourceError),
+}
+
+pub trait Namespace: Send + Sync + 'static {
+    /// Where the files come from, for messages.
+    fn describe(&self) -> String;
+
+    /// The entries of the directory at `dir` (relative, "" for the root).
+    fn read_dir(&self, dir: &str) -> BoxFuture<'static, Result<Vec<Node>, NsError>>;
+
+    /// Bytes per chunk of a file's data.
+    fn chunk_size(&self) -> u64;
+
+    /// The key of chunk `index` of the file at `path`, whose listing gave `node`.
+    fn chunk_key(&self, path: &str, node: &Node, index: u64) -> ChunkKey;
+
+    /// What fetches the chunks of that file on a miss.
+    fn fetcher(&self, path: &str, node: &Node) -> Arc<dyn Fetcher>;
+}
