@@ -45,6 +45,20 @@ pub struct MountArgs {
     /// Only the mounting user (and root) may use the mount; by default pods' users may too.
     #[arg(long)]
     private: bool,
+    /// Refuse every write.
+    #[arg(long)]
+    read_only: bool,
+    /// Files up to this size are uploaded in one PUT; larger ones as multipart uploads of parts
+    /// this size.
+    #[arg(long, default_value = "16MiB", value_parser = ByteSize::parse)]
+    part_size: ByteSize,
+    /// Multipart parts uploaded at once.
+    #[arg(long, default_value_t = 4)]
+    upload_parallel: usize,
+    /// At start, files a previous run staged completely but did not finish uploading are
+    /// uploaded (`upload`) or only reported (`report`).
+    #[arg(long, default_value = "upload", value_parser = ["upload", "report"])]
+    leftovers: String,
 }
 
 fn cold_config(a: &MountArgs) -> anyhow::Result<ColdConfig> {
@@ -86,8 +100,12 @@ pub async fn run(a: MountArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
     };
     let cache = tokio::task::spawn_blocking(move || TieredCache::open(cache_config)).await??;
     let ttl = if a.immutable { None } else { Some(a.metadata_ttl.0) };
-    let core =
-        Arc::new(FsCore::new(Arc::new(ObjectNamespace::new(source)), cache.clone(), FsOptions { metadata_ttl: ttl }));
+    let ns = ObjectNamespace::new(source, a.part_size.0 as usize, a.upload_parallel.max(1));
+    let staging_dir = (!a.read_only).then(|| a.state_dir.join("staging"));
+    let core = Arc::new(FsCore::new(Arc::new(ns), cache.clone(), FsOptions { metadata_ttl: ttl, staging_dir }));
+    for line in core.recover_staged(a.leftovers == "upload").await {
+        eprintln!("staged file from a previous run: {line}");
+    }
     let kernel = ttl.unwrap_or(Duration::from_secs(365 * 86400));
     let opts = MountOptions {
         ttl: KernelTtl { entry: kernel, attr: kernel },

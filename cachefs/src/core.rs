@@ -3,6 +3,7 @@
 //! without the kernel.
 
 use crate::namespace::{Namespace, Node, NodeKind, NsError};
+use crate::staging::{self, Staged};
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -25,6 +26,22 @@ pub enum FsError {
     List { dir: String, source: NsError },
     #[error("reading {path} failed: {source}")]
     Read { path: String, source: CacheError },
+    #[error("{0}")]
+    NotSupported(&'static str),
+    #[error("already exists")]
+    Exists,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("directories cannot be renamed on an object store")]
+    CrossDevice,
+    #[error("not open for writing")]
+    NotWritable,
+    #[error("staging {path} failed: {source}")]
+    Stage { path: String, source: std::io::Error },
+    #[error("uploading {path} failed: {source}")]
+    Publish { path: String, source: NsError },
+    #[error("{what} {path} failed: {source}")]
+    Namespace { what: &'static str, path: String, source: NsError },
 }
 
 /// What the kernel is told about an inode.
@@ -56,11 +73,14 @@ struct Listing {
     entries: Arc<Vec<(u64, Node)>>,
 }
 
-/// An open file: the version it was opened at, so a reader never mixes two versions.
+/// An open file: the version it was opened at, so a reader never mixes two versions, or the
+/// staged content a writer is producing.
 struct Handle {
+    ino: u64,
     path: String,
     node: Node,
     fetcher: Arc<dyn Fetcher>,
+    staged: Option<Arc<tokio::sync::Mutex<Staged>>>,
 }
 
 /// Settings of the core.
@@ -69,6 +89,9 @@ pub struct FsOptions {
     /// How long a directory listing is trusted before it is listed again. `None`: forever (an
     /// immutable dataset).
     pub metadata_ttl: Option<Duration>,
+    /// Where files being written are staged until they are uploaded; `None` makes the
+    /// filesystem read-only.
+    pub staging_dir: Option<std::path::PathBuf>,
 }
 
 pub struct FsCore {
@@ -79,6 +102,11 @@ pub struct FsCore {
     listings: Mutex<HashMap<u64, Listing>>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: std::sync::atomic::AtomicU64,
+    /// Files being written, by inode.
+    writers: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<Staged>>>>,
+    /// Entries that exist here but not (yet) in the store: files being written, new directories.
+    pending: Mutex<HashMap<String, Node>>,
+    next_stage: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for FsCore {
@@ -103,6 +131,7 @@ impl FsCore {
         let mut inodes = Inodes { next: ROOT + 1, ..Default::default() };
         inodes.by_ino.insert(ROOT, Inode { path: String::new(), node: root });
         inodes.by_path.insert(String::new(), ROOT);
+        let next_stage = opts.staging_dir.as_deref().map(staging::next_id).unwrap_or(1);
         FsCore {
             ns,
             cache,
@@ -111,7 +140,49 @@ impl FsCore {
             listings: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: std::sync::atomic::AtomicU64::new(1),
+            writers: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashMap::new()),
+            next_stage: std::sync::atomic::AtomicU64::new(next_stage),
         }
+    }
+
+    /// Deals with files staged by a previous run. A complete one (its writer had flushed or
+    /// closed it, and the upload may have been cut short) is uploaded again when `upload` is set;
+    /// an incomplete one (cut off mid-write) is never uploaded, because the object must be absent
+    /// or whole. Returns one line per file for the operator.
+    pub async fn recover_staged(&self, upload: bool) -> Vec<String> {
+        let Some(dir) = &self.opts.staging_dir else { return Vec::new() };
+        let mut report = Vec::new();
+        for l in staging::leftovers(dir) {
+            let target = &l.manifest.target;
+            let line = if !l.manifest.complete {
+                format!("{target}: left incomplete by a crash mid-write; not uploaded, kept at {}", l.data.display())
+            } else if !upload {
+                format!(
+                    "{target}: complete but not uploaded (upload of leftovers is off); kept at {}",
+                    l.data.display()
+                )
+            } else {
+                match self.ns.publish(target, &l.data).await {
+                    Ok(_) => {
+                        let _ = std::fs::remove_file(&l.data);
+                        let _ = std::fs::remove_file(&l.manifest_path);
+                        format!("{target}: uploaded from a previous run's staging")
+                    }
+                    Err(e) => format!(
+                        "{target}: upload from a previous run's staging failed: {e}; kept at {}",
+                        l.data.display()
+                    ),
+                }
+            };
+            tracing::warn!("{line}");
+            report.push(line);
+        }
+        report
+    }
+
+    pub fn writable(&self) -> bool {
+        self.opts.staging_dir.is_some()
     }
 
     pub fn describe(&self) -> String {
@@ -141,10 +212,20 @@ impl FsCore {
         if dir.node.kind != NodeKind::Dir {
             return Err(FsError::NotDir);
         }
-        let nodes = self.ns.read_dir(&dir.path).await.map_err(|source| FsError::List {
+        let mut nodes = self.ns.read_dir(&dir.path).await.map_err(|source| FsError::List {
             dir: if dir.path.is_empty() { "/".into() } else { dir.path.clone() },
             source,
         })?;
+        {
+            // Files being written and new directories exist here before the store has them.
+            let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            for (path, node) in pending.iter() {
+                let parent = path.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
+                if parent == dir.path && !nodes.iter().any(|n| n.name == node.name) {
+                    nodes.push(node.clone());
+                }
+            }
+        }
         let entries: Vec<(u64, Node)> = {
             let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
             nodes
@@ -191,27 +272,346 @@ impl FsCore {
         Ok(out)
     }
 
-    /// Opens a file at the version the last listing saw.
-    pub fn open(&self, ino: u64) -> Result<u64, FsError> {
+    /// Opens a file: for reading at the version the last listing saw, or for writing. Writing
+    /// needs a new file, a truncating open (`O_TRUNC`), or a file still being written; an
+    /// existing object cannot be changed in place.
+    pub fn open(&self, ino: u64, write: bool, truncate: bool) -> Result<u64, FsError> {
         let i = self.inode(ino)?;
         if i.node.kind == NodeKind::Dir {
             return Err(FsError::IsDir);
         }
-        let fetcher = self.ns.fetcher(&i.path, &i.node);
-        let fh = self.next_fh.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let h = Arc::new(Handle { path: i.path, node: i.node, fetcher });
-        self.handles.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, h);
-        Ok(fh)
+        let existing = self.writers.lock().unwrap_or_else(|p| p.into_inner()).get(&ino).cloned();
+        let staged = match (write, existing) {
+            (_, Some(s)) => Some(s),
+            (false, None) => None,
+            (true, None) if truncate => Some(self.start_staging(ino, &i.path)?),
+            (true, None) => {
+                return Err(FsError::NotSupported(
+                    "an existing object can only be rewritten whole: open it with O_TRUNC",
+                ));
+            }
+        };
+        Ok(self.new_handle(ino, i.path, i.node, staged))
     }
 
-    pub fn release(&self, fh: u64) {
-        self.handles.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh);
+    fn new_handle(&self, ino: u64, path: String, node: Node, staged: Option<Arc<tokio::sync::Mutex<Staged>>>) -> u64 {
+        let fetcher = self.ns.fetcher(&path, &node);
+        let fh = self.next_fh.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let h = Arc::new(Handle { ino, path, node, fetcher, staged });
+        self.handles.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, h);
+        fh
+    }
+
+    fn handle(&self, fh: u64) -> Result<Arc<Handle>, FsError> {
+        self.handles.lock().unwrap_or_else(|p| p.into_inner()).get(&fh).cloned().ok_or(FsError::BadHandle)
+    }
+
+    fn start_staging(&self, ino: u64, path: &str) -> Result<Arc<tokio::sync::Mutex<Staged>>, FsError> {
+        let dir = self.opts.staging_dir.as_ref().ok_or(FsError::NotSupported("this mount is read-only"))?;
+        let id = self.next_stage.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let staged =
+            Staged::create(dir, id, path).map_err(|source| FsError::Stage { path: path.to_string(), source })?;
+        let staged = Arc::new(tokio::sync::Mutex::new(staged));
+        self.writers.lock().unwrap_or_else(|p| p.into_inner()).insert(ino, staged.clone());
+        let name = path.rsplit('/').next().unwrap_or(path).to_string();
+        let node = Node { name, kind: NodeKind::File, size: 0, version: String::new(), mtime: SystemTime::now() };
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(path.to_string(), node.clone());
+        self.set_node(ino, path, node);
+        Ok(staged)
+    }
+
+    fn set_node(&self, ino: u64, path: &str, node: Node) {
+        let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        t.by_path.insert(path.to_string(), ino);
+        t.by_ino.insert(ino, Inode { path: path.to_string(), node });
+    }
+
+    fn ino_for(&self, path: &str, node: Node) -> u64 {
+        let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        let ino = match t.by_path.get(path) {
+            Some(i) => *i,
+            None => {
+                let i = t.next;
+                t.next += 1;
+                t.by_path.insert(path.to_string(), i);
+                i
+            }
+        };
+        t.by_ino.insert(ino, Inode { path: path.to_string(), node });
+        ino
+    }
+
+    fn forget_listing(&self, ino: u64) {
+        self.listings.lock().unwrap_or_else(|p| p.into_inner()).remove(&ino);
+    }
+
+    fn parent_of(&self, path: &str) -> Option<u64> {
+        let parent = path.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
+        self.inodes.read().unwrap_or_else(|p| p.into_inner()).by_path.get(parent).copied()
+    }
+
+    /// Creates a new, empty file and opens it for writing.
+    pub async fn create(&self, parent: u64, name: &str) -> Result<(Attr, u64), FsError> {
+        let dir = self.inode(parent)?;
+        if dir.node.kind != NodeKind::Dir {
+            return Err(FsError::NotDir);
+        }
+        let path = join(&dir.path, name);
+        let node = Node {
+            name: name.to_string(),
+            kind: NodeKind::File,
+            size: 0,
+            version: String::new(),
+            mtime: SystemTime::now(),
+        };
+        let ino = self.ino_for(&path, node.clone());
+        let staged = self.start_staging(ino, &path)?;
+        self.forget_listing(parent);
+        let fh = self.new_handle(ino, path, node.clone(), Some(staged));
+        Ok((Self::attr(ino, &node), fh))
+    }
+
+    pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
+        let h = self.handle(fh)?;
+        let staged = h.staged.as_ref().ok_or(FsError::NotWritable)?;
+        let mut s = staged.lock().await;
+        s.write_at(offset, data).map_err(|source| FsError::Stage { path: h.path.clone(), source })?;
+        let len = s.len;
+        drop(s);
+        self.update_size(h.ino, len);
+        Ok(data.len() as u32)
+    }
+
+    fn update_size(&self, ino: u64, len: u64) {
+        let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = t.by_ino.get_mut(&ino) {
+            i.node.size = len;
+            i.node.mtime = SystemTime::now();
+        }
+    }
+
+    /// Changes a file's size. Only a file being written can change; truncating an existing
+    /// object to zero starts rewriting it.
+    pub async fn set_size(&self, ino: u64, size: u64) -> Result<Attr, FsError> {
+        let i = self.inode(ino)?;
+        if i.node.kind == NodeKind::Dir {
+            return Err(FsError::IsDir);
+        }
+        let existing = self.writers.lock().unwrap_or_else(|p| p.into_inner()).get(&ino).cloned();
+        let staged = match existing {
+            Some(s) => s,
+            None if size == i.node.size => return Ok(Self::attr(ino, &i.node)),
+            None => return Err(FsError::NotSupported("an existing object can only be rewritten whole")),
+        };
+        staged.lock().await.truncate(size).map_err(|source| FsError::Stage { path: i.path.clone(), source })?;
+        self.update_size(ino, size);
+        self.getattr(ino)
+    }
+
+    /// Uploads what a handle wrote, if anything is new. Returns once the object is durable in
+    /// the store; an upload failure is this call's error, never silent.
+    pub async fn flush(&self, fh: u64) -> Result<(), FsError> {
+        let h = self.handle(fh)?;
+        match &h.staged {
+            Some(staged) => self.publish(h.ino, staged).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn publish(&self, ino: u64, staged: &tokio::sync::Mutex<Staged>) -> Result<(), FsError> {
+        let mut s = staged.lock().await;
+        if !s.dirty {
+            return Ok(());
+        }
+        let path = s.target.clone();
+        s.seal().map_err(|source| FsError::Stage { path: path.clone(), source })?;
+        let node = self
+            .ns
+            .publish(&path, s.data_path())
+            .await
+            .map_err(|source| FsError::Publish { path: path.clone(), source })?;
+        s.dirty = false;
+        drop(s);
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&path);
+        self.set_node(ino, &path, node);
+        if let Some(parent) = self.parent_of(&path) {
+            self.forget_listing(parent);
+        }
+        Ok(())
+    }
+
+    /// Closes a handle. The last handle of a written file publishes it if a flush did not, and
+    /// hands the staged bytes to the hot tier as the cached copy of the new object.
+    pub async fn release(&self, fh: u64) -> Result<(), FsError> {
+        let Some(h) = self.handles.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh) else { return Ok(()) };
+        let Some(staged) = &h.staged else { return Ok(()) };
+        let still_open = self
+            .handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .any(|o| o.ino == h.ino && o.staged.is_some());
+        if still_open {
+            return Ok(());
+        }
+        let published = self.publish(h.ino, staged).await;
+        self.writers.lock().unwrap_or_else(|p| p.into_inner()).remove(&h.ino);
+        let s = staged.lock().await;
+        if published.is_ok() {
+            self.keep_as_cache(&s, h.ino).await;
+            s.discard();
+        }
+        published
+    }
+
+    /// Reads a published file's staged bytes into the cache under the new object's keys, so
+    /// the checkpoint just written is hot for the next restart.
+    async fn keep_as_cache(&self, s: &Staged, ino: u64) {
+        let Ok(i) = self.inode(ino) else { return };
+        let chunk = self.ns.chunk_size();
+        let mut index = 0;
+        while index * chunk < s.len {
+            let Ok(bytes) = s.read_at(index * chunk, chunk as usize) else { return };
+            let key = self.ns.chunk_key(&i.path, &i.node, index);
+            if self.cache.put(key, Bytes::from(bytes), strata_tiering::TierKind::Hot).await.is_err() {
+                return;
+            }
+            index += 1;
+        }
+    }
+
+    pub async fn unlink(&self, parent: u64, name: &str) -> Result<(), FsError> {
+        let attr = self.lookup(parent, name).await?;
+        if attr.kind == NodeKind::Dir {
+            return Err(FsError::IsDir);
+        }
+        let path = self.inode(attr.ino)?.path;
+        let was_pending = self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&path).is_some();
+        let writer = self.writers.lock().unwrap_or_else(|p| p.into_inner()).remove(&attr.ino);
+        if let Some(s) = writer {
+            s.lock().await.discard();
+        }
+        if !was_pending || self.inode(attr.ino).is_ok_and(|i| !i.node.version.is_empty()) {
+            self.ns.remove(&path).await.map_err(|source| FsError::Namespace {
+                what: "deleting",
+                path: path.clone(),
+                source,
+            })?;
+        }
+        let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        t.by_path.remove(&path);
+        t.by_ino.remove(&attr.ino);
+        drop(t);
+        self.forget_listing(parent);
+        Ok(())
+    }
+
+    pub async fn mkdir(&self, parent: u64, name: &str) -> Result<Attr, FsError> {
+        if !self.writable() {
+            return Err(FsError::NotSupported("this mount is read-only"));
+        }
+        if self.lookup(parent, name).await.is_ok() {
+            return Err(FsError::Exists);
+        }
+        let dir = self.inode(parent)?;
+        let path = join(&dir.path, name);
+        let node = Node {
+            name: name.to_string(),
+            kind: NodeKind::Dir,
+            size: 0,
+            version: String::new(),
+            mtime: SystemTime::now(),
+        };
+        // S3 has no directories: this one lives here until files are written under it.
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(path.clone(), node.clone());
+        let ino = self.ino_for(&path, node.clone());
+        self.forget_listing(parent);
+        Ok(Self::attr(ino, &node))
+    }
+
+    pub async fn rmdir(&self, parent: u64, name: &str) -> Result<(), FsError> {
+        let attr = self.lookup(parent, name).await?;
+        if attr.kind != NodeKind::Dir {
+            return Err(FsError::NotDir);
+        }
+        self.forget_listing(attr.ino);
+        if !self.listing(attr.ino).await?.is_empty() {
+            return Err(FsError::NotEmpty);
+        }
+        let path = self.inode(attr.ino)?.path;
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&path);
+        let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        t.by_path.remove(&path);
+        t.by_ino.remove(&attr.ino);
+        drop(t);
+        self.forget_listing(parent);
+        self.listings.lock().unwrap_or_else(|p| p.into_inner()).remove(&attr.ino);
+        Ok(())
+    }
+
+    /// Renames a file. A file still being written simply gets a new target; a published one is
+    /// copied server-side and the source deleted. The destination is replaced.
+    pub async fn rename(&self, parent: u64, name: &str, new_parent: u64, new_name: &str) -> Result<(), FsError> {
+        let src = self.lookup(parent, name).await?;
+        if src.kind == NodeKind::Dir {
+            return Err(FsError::CrossDevice);
+        }
+        let dst_dir = self.inode(new_parent)?;
+        if dst_dir.node.kind != NodeKind::Dir {
+            return Err(FsError::NotDir);
+        }
+        let from = self.inode(src.ino)?;
+        let to = join(&dst_dir.path, new_name);
+        if let Ok(existing) = self.lookup(new_parent, new_name).await
+            && existing.kind == NodeKind::Dir
+        {
+            return Err(FsError::IsDir);
+        }
+        let writer = self.writers.lock().unwrap_or_else(|p| p.into_inner()).get(&src.ino).cloned();
+        let node = match writer {
+            Some(w) if w.lock().await.dirty || from.node.version.is_empty() => {
+                w.lock().await.retarget(&to).map_err(|source| FsError::Stage { path: to.clone(), source })?;
+                let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                let mut n = pending.remove(&from.path).unwrap_or(from.node.clone());
+                n.name = new_name.to_string();
+                pending.insert(to.clone(), n.clone());
+                n
+            }
+            _ => {
+                let mut n = self.ns.rename(&from.path, &to).await.map_err(|source| FsError::Namespace {
+                    what: "renaming",
+                    path: from.path.clone(),
+                    source,
+                })?;
+                n.name = new_name.to_string();
+                n
+            }
+        };
+        {
+            let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+            t.by_path.remove(&from.path);
+            if let Some(old) = t.by_path.insert(to.clone(), src.ino)
+                && old != src.ino
+            {
+                t.by_ino.remove(&old);
+            }
+            t.by_ino.insert(src.ino, Inode { path: to, node });
+        }
+        self.forget_listing(parent);
+        self.forget_listing(new_parent);
+        Ok(())
     }
 
     /// Reads `size` bytes at `offset` of an open file, fetching only the chunks it touches,
     /// all of them at once.
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, FsError> {
-        let h = self.handles.lock().unwrap_or_else(|p| p.into_inner()).get(&fh).cloned().ok_or(FsError::BadHandle)?;
+        let h = self.handle(fh)?;
+        if let Some(staged) = &h.staged {
+            let s = staged.lock().await;
+            let buf =
+                s.read_at(offset, size as usize).map_err(|source| FsError::Stage { path: h.path.clone(), source })?;
+            return Ok(Bytes::from(buf));
+        }
         let file_size = h.node.size;
         if offset >= file_size || size == 0 {
             return Ok(Bytes::new());
@@ -245,14 +645,14 @@ impl FsCore {
 }
 
 #[cfg(test)]
-mod tests {
+mod tests_support {
     use super::*;
     use crate::objects::ObjectNamespace;
     use strata_tiering::source::{ColdConfig, ColdKind, ObjectSource};
     use strata_tiering::units::ByteSize;
     use strata_tiering::{CacheConfig, Policy, TierConfig};
 
-    fn setup(dir: &std::path::Path) -> FsCore {
+    pub fn setup(dir: &std::path::Path) -> FsCore {
         let cold = dir.join("cold");
         std::fs::create_dir_all(cold.join("d/e")).unwrap();
         let big: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
@@ -268,8 +668,18 @@ mod tests {
             policy: Policy::default(),
         })
         .unwrap();
-        FsCore::new(Arc::new(ObjectNamespace::new(source)), cache, FsOptions { metadata_ttl: None })
+        FsCore::new(
+            Arc::new(ObjectNamespace::new(source, 8 << 20, 4)),
+            cache,
+            FsOptions { metadata_ttl: None, staging_dir: Some(dir.join("staging")) },
+        )
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tests_support::setup;
+    use super::*;
 
     #[tokio::test]
     async fn tree_and_reads_across_chunks() {
@@ -282,17 +692,110 @@ mod tests {
         let big = fs.lookup(d.ino, "big.bin").await.unwrap();
         assert_eq!(big.size, 20_000);
         assert_eq!(fs.lookup(d.ino, "big.bin").await.unwrap().ino, big.ino, "inode numbers are stable");
-        let fh = fs.open(big.ino).unwrap();
+        let fh = fs.open(big.ino, false, false).unwrap();
         let want: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
         // Within one chunk, across three chunks, and past the end.
         assert_eq!(fs.read(fh, 10, 100).await.unwrap(), want[10..110]);
         assert_eq!(fs.read(fh, 4000, 9000).await.unwrap(), want[4000..13000]);
         assert_eq!(fs.read(fh, 19_990, 4096).await.unwrap(), want[19_990..]);
         assert!(fs.read(fh, 20_000, 10).await.unwrap().is_empty());
-        fs.release(fh);
+        fs.release(fh).await.unwrap();
         assert!(matches!(fs.read(fh, 0, 1).await, Err(FsError::BadHandle)));
         assert!(matches!(fs.lookup(d.ino, "nope").await, Err(FsError::NotFound)));
-        assert!(matches!(fs.open(d.ino), Err(FsError::IsDir)));
+        assert!(matches!(fs.open(d.ino, false, false), Err(FsError::IsDir)));
+        assert!(matches!(fs.open(big.ino, true, false), Err(FsError::NotSupported(_))));
         assert!(matches!(fs.readdir(big.ino).await, Err(FsError::NotDir)));
+    }
+}
+
+#[cfg(test)]
+mod write_tests {
+    use super::tests_support::setup;
+    use super::*;
+
+    #[tokio::test]
+    async fn mkdir_then_rmdir() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = setup(dir.path());
+        let a = fs.mkdir(ROOT, "d2").await.unwrap();
+        assert_eq!(fs.lookup(ROOT, "d2").await.unwrap().ino, a.ino);
+        fs.rmdir(ROOT, "d2").await.unwrap();
+        assert!(matches!(fs.lookup(ROOT, "d2").await, Err(FsError::NotFound)));
+        assert!(matches!(fs.rmdir(ROOT, "d").await, Err(FsError::NotEmpty)));
+    }
+
+    fn cold(dir: &std::path::Path, rel: &str) -> Option<Vec<u8>> {
+        std::fs::read(dir.join("cold").join(rel)).ok()
+    }
+
+    #[tokio::test]
+    async fn write_publishes_on_flush_and_rename_moves_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = setup(dir.path());
+        let d = fs.lookup(ROOT, "d").await.unwrap();
+        let (a, fh) = fs.create(d.ino, "ckpt.tmp").await.unwrap();
+        fs.write(fh, 0, b"hello ").await.unwrap();
+        fs.write(fh, 6, b"world").await.unwrap();
+        assert_eq!(fs.getattr(a.ino).unwrap().size, 11);
+        assert_eq!(fs.read(fh, 0, 100).await.unwrap(), &b"hello world"[..], "a writer reads its own bytes");
+        assert!(cold(dir.path(), "d/ckpt.tmp").is_none(), "nothing is visible before flush");
+        fs.flush(fh).await.unwrap();
+        assert_eq!(cold(dir.path(), "d/ckpt.tmp").unwrap(), b"hello world");
+        fs.release(fh).await.unwrap();
+        assert!(std::fs::read_dir(dir.path().join("staging")).unwrap().next().is_none(), "staging is cleaned up");
+        fs.rename(d.ino, "ckpt.tmp", d.ino, "ckpt").await.unwrap();
+        assert!(cold(dir.path(), "d/ckpt.tmp").is_none());
+        assert_eq!(cold(dir.path(), "d/ckpt").unwrap(), b"hello world");
+        let b = fs.lookup(d.ino, "ckpt").await.unwrap();
+        assert_eq!(b.ino, a.ino, "a rename keeps the inode");
+        let rfh = fs.open(b.ino, false, false).unwrap();
+        assert_eq!(fs.read(rfh, 0, 100).await.unwrap(), &b"hello world"[..]);
+        fs.unlink(d.ino, "ckpt").await.unwrap();
+        assert!(cold(dir.path(), "d/ckpt").is_none());
+    }
+
+    #[tokio::test]
+    async fn rename_before_close_retargets_the_upload() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = setup(dir.path());
+        let (_, fh) = fs.create(ROOT, "x.tmp").await.unwrap();
+        fs.write(fh, 0, b"abc").await.unwrap();
+        fs.rename(ROOT, "x.tmp", ROOT, "x").await.unwrap();
+        fs.release(fh).await.unwrap();
+        assert!(cold(dir.path(), "x.tmp").is_none());
+        assert_eq!(cold(dir.path(), "x").unwrap(), b"abc");
+    }
+
+    #[tokio::test]
+    async fn existing_objects_are_rewritten_whole_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = setup(dir.path());
+        let d = fs.lookup(ROOT, "d").await.unwrap();
+        let big = fs.lookup(d.ino, "big.bin").await.unwrap();
+        assert!(matches!(fs.open(big.ino, true, false), Err(FsError::NotSupported(_))));
+        assert!(matches!(fs.set_size(big.ino, 10).await, Err(FsError::NotSupported(_))));
+        let fh = fs.open(big.ino, true, true).unwrap();
+        fs.write(fh, 0, b"new").await.unwrap();
+        fs.release(fh).await.unwrap();
+        assert_eq!(cold(dir.path(), "d/big.bin").unwrap(), b"new");
+        assert!(matches!(fs.rename(ROOT, "d", ROOT, "e").await, Err(FsError::CrossDevice)));
+    }
+
+    #[tokio::test]
+    async fn leftovers_upload_only_when_complete() {
+        let dir = tempfile::tempdir().unwrap();
+        let staging = dir.path().join("staging");
+        let done = Staged::create(&staging, 7, "done.bin").unwrap();
+        let mut s = done;
+        s.write_at(0, b"whole").unwrap();
+        s.seal().unwrap();
+        let mut cut = Staged::create(&staging, 8, "cut.bin").unwrap();
+        cut.write_at(0, b"par").unwrap();
+        let fs = setup(dir.path());
+        let report = fs.recover_staged(true).await;
+        assert_eq!(report.len(), 2, "{report:?}");
+        assert_eq!(cold(dir.path(), "done.bin").unwrap(), b"whole");
+        assert!(cold(dir.path(), "cut.bin").is_none(), "a file cut off mid-write is never uploaded");
+        assert!(report[1].contains("cut.bin") && report[1].contains("incomplete"), "{report:?}");
     }
 }

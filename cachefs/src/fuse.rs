@@ -5,7 +5,8 @@ use crate::core::{Attr, FsCore, FsError, ROOT};
 use crate::namespace::NodeKind;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
-    OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, Request,
+    OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite,
+    Request, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::sync::Arc;
@@ -40,7 +41,7 @@ impl StrataFs {
     }
 
     fn file_attr(&self, a: &Attr) -> FileAttr {
-        file_attr(a, self.uid, self.gid)
+        file_attr(a, self.uid, self.gid, self.core.writable())
     }
 }
 
@@ -49,8 +50,19 @@ fn errno(op: &str, e: &FsError) -> Errno {
         FsError::NotFound => Errno::ENOENT,
         FsError::NotDir => Errno::ENOTDIR,
         FsError::IsDir => Errno::EISDIR,
-        FsError::BadHandle => Errno::EBADF,
-        FsError::List { .. } | FsError::Read { .. } => {
+        FsError::BadHandle | FsError::NotWritable => Errno::EBADF,
+        FsError::NotSupported(why) => {
+            warn!(op, why, "refused with EPERM");
+            Errno::EPERM
+        }
+        FsError::Exists => Errno::EEXIST,
+        FsError::NotEmpty => Errno::ENOTEMPTY,
+        FsError::CrossDevice => Errno::EXDEV,
+        FsError::List { .. }
+        | FsError::Read { .. }
+        | FsError::Stage { .. }
+        | FsError::Publish { .. }
+        | FsError::Namespace { .. } => {
             warn!(op, error = %e, "returning EIO");
             Errno::EIO
         }
@@ -62,6 +74,9 @@ impl Filesystem for StrataFs {
         // 1 MiB requests (the kernel's max_pages_limit here) instead of the 128 KiB default.
         let _ = config.set_max_readahead(1 << 20);
         let _ = config.set_max_background(64);
+        // O_TRUNC arrives with open, so a truncating open can start a rewrite at once.
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_ATOMIC_O_TRUNC);
+        let _ = config.set_max_write(1 << 20);
         Ok(())
     }
 
@@ -71,11 +86,11 @@ impl Filesystem for StrataFs {
         };
         let core = self.core.clone();
         let ttl = self.ttl;
-        let (uid, gid) = (self.uid, self.gid);
+        let (uid, gid, w) = (self.uid, self.gid, self.core.writable());
         self.rt.spawn(
             async move {
                 match core.lookup(parent.0, &name).await {
-                    Ok(a) => reply.entry(&ttl.entry, &file_attr(&a, uid, gid), Generation(0)),
+                    Ok(a) => reply.entry(&ttl.entry, &file_attr(&a, uid, gid, w), Generation(0)),
                     Err(e) => reply.error(errno("lookup", &e)),
                 }
             }
@@ -91,14 +106,185 @@ impl Filesystem for StrataFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if flags.0 & libc_accmode() != 0 {
+        let write = flags.0 & O_ACCMODE_WRITE != 0;
+        if write && !self.core.writable() {
             return reply.error(Errno::EROFS);
         }
-        match self.core.open(ino.0) {
+        if flags.0 & O_APPEND != 0 && write {
+            return reply
+                .error(errno("open", &FsError::NotSupported("appending to an existing object is not possible")));
+        }
+        match self.core.open(ino.0, write, flags.0 & O_TRUNC != 0) {
             // Dataset files do not change under an open handle, so the page cache may keep them.
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok(fh) if !write => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(errno("open", &e)),
         }
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        if !self.core.writable() {
+            return reply.error(Errno::EROFS);
+        }
+        let Some(name) = name.to_str().map(str::to_string) else { return reply.error(Errno::EINVAL) };
+        let (core, ttl, uid, gid, w) = (self.core.clone(), self.ttl, self.uid, self.gid, self.core.writable());
+        self.rt.spawn(
+            async move {
+                match core.create(parent.0, &name).await {
+                    Ok((a, fh)) => reply.created(
+                        &ttl.entry,
+                        &file_attr(&a, uid, gid, w),
+                        Generation(0),
+                        FileHandle(fh),
+                        FopenFlags::empty(),
+                    ),
+                    Err(e) => reply.error(errno("create", &e)),
+                }
+            }
+            .instrument(info_span!("fuse", op = "create")),
+        );
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let core = self.core.clone();
+        let data = data.to_vec();
+        self.rt.spawn(
+            async move {
+                match core.write(fh.0, offset, &data).await {
+                    Ok(n) => reply.written(n),
+                    Err(e) => reply.error(errno("write", &e)),
+                }
+            }
+            .instrument(info_span!("fuse", op = "write", offset)),
+        );
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        self.finish("flush", fh, reply);
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        self.finish("fsync", fh, reply);
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<fuser::TimeOrNow>,
+        _mtime: Option<fuser::TimeOrNow>,
+        _ctime: Option<std::time::SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<std::time::SystemTime>,
+        _chgtime: Option<std::time::SystemTime>,
+        _bkuptime: Option<std::time::SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let (core, ttl, uid, gid, w) = (self.core.clone(), self.ttl, self.uid, self.gid, self.core.writable());
+        // Modes, owners and times are not stored in S3; accepting them keeps `cp -p` and `touch`
+        // working, and the attributes shown stay those of the object.
+        self.rt.spawn(async move {
+            let r = match size {
+                Some(size) => core.set_size(ino.0, size).await,
+                None => core.getattr(ino.0),
+            };
+            match r {
+                Ok(a) => reply.attr(&ttl.attr, &file_attr(&a, uid, gid, w)),
+                Err(e) => reply.error(errno("setattr", &e)),
+            }
+        });
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let Some(name) = name.to_str().map(str::to_string) else { return reply.error(Errno::ENOENT) };
+        let core = self.core.clone();
+        self.rt.spawn(async move {
+            match core.unlink(parent.0, &name).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno("unlink", &e)),
+            }
+        });
+    }
+
+    fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, _mode: u32, _umask: u32, reply: ReplyEntry) {
+        let Some(name) = name.to_str().map(str::to_string) else { return reply.error(Errno::EINVAL) };
+        let (core, ttl, uid, gid, w) = (self.core.clone(), self.ttl, self.uid, self.gid, self.core.writable());
+        self.rt.spawn(async move {
+            match core.mkdir(parent.0, &name).await {
+                Ok(a) => reply.entry(&ttl.entry, &file_attr(&a, uid, gid, w), Generation(0)),
+                Err(e) => reply.error(errno("mkdir", &e)),
+            }
+        });
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let Some(name) = name.to_str().map(str::to_string) else { return reply.error(Errno::ENOENT) };
+        let core = self.core.clone();
+        self.rt.spawn(async move {
+            match core.rmdir(parent.0, &name).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno("rmdir", &e)),
+            }
+        });
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let (Some(name), Some(newname)) = (name.to_str().map(str::to_string), newname.to_str().map(str::to_string))
+        else {
+            return reply.error(Errno::EINVAL);
+        };
+        if !flags.is_empty() {
+            // RENAME_EXCHANGE and RENAME_NOREPLACE need an atomicity S3 does not have.
+            return reply.error(Errno::EINVAL);
+        }
+        let core = self.core.clone();
+        self.rt.spawn(
+            async move {
+                match core.rename(parent.0, &name, newparent.0, &newname).await {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(errno("rename", &e)),
+                }
+            }
+            .instrument(info_span!("fuse", op = "rename")),
+        );
+    }
+
+    fn link(&self, _req: &Request, _ino: INodeNo, _newparent: INodeNo, _newname: &OsStr, reply: ReplyEntry) {
+        reply.error(errno("link", &FsError::NotSupported("hard links do not exist on an object store")));
     }
 
     fn read(
@@ -134,8 +320,15 @@ impl Filesystem for StrataFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.core.release(fh.0);
-        reply.ok();
+        let core = self.core.clone();
+        self.rt.spawn(async move {
+            // The kernel ignores release errors; flush already reported any upload failure to
+            // close(), so here it is only logged.
+            if let Err(e) = core.release(fh.0).await {
+                errno("release", &e);
+            }
+            reply.ok();
+        });
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -169,15 +362,33 @@ impl Filesystem for StrataFs {
     }
 }
 
-/// `O_WRONLY | O_RDWR`: this first version of the mount is read-only.
-fn libc_accmode() -> i32 {
-    0o1 | 0o2
+/// `O_WRONLY | O_RDWR`.
+const O_ACCMODE_WRITE: i32 = 0o1 | 0o2;
+const O_TRUNC: i32 = 0o1000;
+const O_APPEND: i32 = 0o2000;
+
+impl StrataFs {
+    /// flush and fsync: publish what was written, and report any failure to the caller.
+    fn finish(&self, op: &'static str, fh: FileHandle, reply: ReplyEmpty) {
+        let core = self.core.clone();
+        self.rt.spawn(
+            async move {
+                match core.flush(fh.0).await {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(errno(op, &e)),
+                }
+            }
+            .instrument(info_span!("fuse", op)),
+        );
+    }
 }
 
-fn file_attr(a: &Attr, uid: u32, gid: u32) -> FileAttr {
-    let (kind, perm, nlink) = match a.kind {
-        NodeKind::Dir => (FileType::Directory, 0o555, 2),
-        NodeKind::File => (FileType::RegularFile, 0o444, 1),
+fn file_attr(a: &Attr, uid: u32, gid: u32, writable: bool) -> FileAttr {
+    let (kind, perm, nlink) = match (a.kind, writable) {
+        (NodeKind::Dir, true) => (FileType::Directory, 0o755, 2),
+        (NodeKind::Dir, false) => (FileType::Directory, 0o555, 2),
+        (NodeKind::File, true) => (FileType::RegularFile, 0o644, 1),
+        (NodeKind::File, false) => (FileType::RegularFile, 0o444, 1),
     };
     FileAttr {
         ino: INodeNo(a.ino),

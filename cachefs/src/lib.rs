@@ -9,6 +9,7 @@ pub mod fuse;
 pub mod mount;
 pub mod namespace;
 pub mod objects;
+pub mod staging;
 
 pub use crate::core::{FsCore, FsError, FsOptions};
 pub use crate::mount::{MountError, MountOptions, mount, unmount};

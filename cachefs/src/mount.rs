@@ -46,7 +46,6 @@ pub fn mount(
     config.mount_options = vec![
         MountOption::FSName(format!("strata:{}", core.describe())),
         MountOption::Subtype("strata".into()),
-        MountOption::RO,
         MountOption::NoDev,
         MountOption::NoSuid,
         MountOption::AutoUnmount,
@@ -56,6 +55,9 @@ pub fn mount(
         config.acl = SessionACL::All;
     } else {
         config.acl = SessionACL::RootAndOwner;
+    }
+    if !core.writable() {
+        config.mount_options.push(MountOption::RO);
     }
     config.n_threads = Some(opts.threads.max(1));
     config.clone_fd = opts.threads > 1;

@@ -29,6 +29,8 @@ pub struct Node {
 pub enum NsError {
     #[error(transparent)]
     Source(#[from] SourceError),
+    #[error("{0} is read-only")]
+    ReadOnly(String),
 }
 
 pub trait Namespace: Send + Sync + 'static {
@@ -46,4 +48,22 @@ pub trait Namespace: Send + Sync + 'static {
 
     /// What fetches the chunks of that file on a miss.
     fn fetcher(&self, path: &str, node: &Node) -> Arc<dyn Fetcher>;
+
+    /// Makes the local file `staged` the content at `path`, atomically: readers see the old
+    /// content or the new, never a part. Returns the new node.
+    fn publish(&self, path: &str, _staged: &std::path::Path) -> BoxFuture<'static, Result<Node, NsError>> {
+        let e = NsError::ReadOnly(self.describe());
+        let _ = path;
+        Box::pin(async move { Err(e) })
+    }
+
+    fn remove(&self, _path: &str) -> BoxFuture<'static, Result<(), NsError>> {
+        let e = NsError::ReadOnly(self.describe());
+        Box::pin(async move { Err(e) })
+    }
+
+    fn rename(&self, _from: &str, _to: &str) -> BoxFuture<'static, Result<Node, NsError>> {
+        let e = NsError::ReadOnly(self.describe());
+        Box::pin(async move { Err(e) })
+    }
 }

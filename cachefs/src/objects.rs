@@ -12,11 +12,19 @@ use strata_tiering::{ChunkKey, Fetcher};
 #[derive(Debug, Clone)]
 pub struct ObjectNamespace {
     source: ObjectSource,
+    part_size: usize,
+    parallel: usize,
 }
 
 impl ObjectNamespace {
-    pub fn new(source: ObjectSource) -> Self {
-        ObjectNamespace { source }
+    /// Uploads go in one PUT up to `part_size`, as multipart uploads of that part size above it.
+    pub fn new(source: ObjectSource, part_size: usize, parallel: usize) -> Self {
+        ObjectNamespace { source, part_size, parallel }
+    }
+
+    fn node(o: ObjectInfo) -> Node {
+        let name = o.path.rsplit('/').next().unwrap_or(&o.path).to_string();
+        Node { name, kind: NodeKind::File, size: o.size, version: o.version, mtime: o.modified }
     }
 
     fn info(path: &str, node: &Node) -> ObjectInfo {
@@ -67,5 +75,21 @@ impl Namespace for ObjectNamespace {
 
     fn fetcher(&self, path: &str, node: &Node) -> Arc<dyn Fetcher> {
         self.source.fetcher(&Self::info(path, node))
+    }
+
+    fn publish(&self, path: &str, staged: &std::path::Path) -> BoxFuture<'static, Result<Node, NsError>> {
+        let (source, path, staged) = (self.source.clone(), path.to_string(), staged.to_path_buf());
+        let (part, parallel) = (self.part_size, self.parallel);
+        async move { Ok(Self::node(source.upload_file(&path, &staged, part, parallel).await?)) }.boxed()
+    }
+
+    fn remove(&self, path: &str) -> BoxFuture<'static, Result<(), NsError>> {
+        let (source, path) = (self.source.clone(), path.to_string());
+        async move { Ok(source.delete(&path).await?) }.boxed()
+    }
+
+    fn rename(&self, from: &str, to: &str) -> BoxFuture<'static, Result<Node, NsError>> {
+        let (source, from, to) = (self.source.clone(), from.to_string(), to.to_string());
+        async move { Ok(Self::node(source.rename(&from, &to).await?)) }.boxed()
     }
 }

@@ -104,6 +104,8 @@ pub enum SourceError {
     Short { path: String, store: String, offset: u64, expected: u64, got: u64 },
     #[error("chunk key {0} is not an object chunk")]
     NotObjectKey(String),
+    #[error("local file {path}: {source}")]
+    Local { path: String, source: std::io::Error },
 }
 
 /// One object as listed.
@@ -350,6 +352,65 @@ impl ObjectSource {
         let loc = self.location(path);
         self.bounded("PUT", path, self.store.put(&loc, data.into())).await.map(|_| ())
     }
+
+    /// Uploads a local file as the object at `path`: one PUT up to `part_size`, a multipart
+    /// upload above it with `parallel` parts in flight. Either way the object appears only once
+    /// it is complete, and a failed multipart upload is aborted. Returns the new object's info
+    /// (read back with HEAD, because some stores answer a completed multipart upload with an
+    /// empty ETag).
+    pub async fn upload_file(
+        &self,
+        path: &str,
+        file: &std::path::Path,
+        part_size: usize,
+        parallel: usize,
+    ) -> Result<ObjectInfo, SourceError> {
+        use tokio::io::AsyncReadExt;
+        let loc = self.location(path);
+        let io_err = |e: std::io::Error| SourceError::Local { path: file.display().to_string(), source: e };
+        let mut f = tokio::fs::File::open(file).await.map_err(io_err)?;
+        let len = f.metadata().await.map_err(io_err)?.len();
+        if len <= part_size as u64 {
+            let mut buf = Vec::with_capacity(len as usize);
+            f.read_to_end(&mut buf).await.map_err(io_err)?;
+            self.bounded("PUT", path, self.store.put(&loc, Bytes::from(buf).into())).await?;
+        } else {
+            let upload = self.bounded("CreateMultipartUpload", path, self.store.put_multipart(&loc)).await?;
+            let mut w = object_store::WriteMultipart::new_with_chunk_size(upload, part_size);
+            let mut buf = vec![0u8; part_size];
+            let result: Result<(), SourceError> = async {
+                loop {
+                    let n = read_full(&mut f, &mut buf).await.map_err(io_err)?;
+                    if n == 0 {
+                        break;
+                    }
+                    self.bounded("UploadPart", path, w.wait_for_capacity(parallel)).await?;
+                    w.write(&buf[..n]);
+                }
+                Ok(())
+            }
+            .await;
+            if let Err(e) = result {
+                let _ = w.abort().await;
+                return Err(e);
+            }
+            self.bounded("CompleteMultipartUpload", path, w.finish()).await?;
+        }
+        self.head(path).await
+    }
+
+    pub async fn delete(&self, path: &str) -> Result<(), SourceError> {
+        let loc = self.location(path);
+        self.bounded("DELETE", path, self.store.delete(&loc)).await
+    }
+
+    /// Server-side copy, then delete of the source: what S3 offers for a rename.
+    pub async fn rename(&self, from: &str, to: &str) -> Result<ObjectInfo, SourceError> {
+        let (a, b) = (self.location(from), self.location(to));
+        self.bounded("COPY", from, self.store.copy(&a, &b)).await?;
+        self.delete(from).await?;
+        self.head(to).await
+    }
 }
 
 #[derive(Debug)]
@@ -373,4 +434,18 @@ impl Fetcher for ObjectFetcher {
         }
         .boxed()
     }
+}
+
+/// Reads until `buf` is full or the file ends.
+async fn read_full(f: &mut tokio::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    use tokio::io::AsyncReadExt;
+    let mut n = 0;
+    while n < buf.len() {
+        let r = f.read(&mut buf[n..]).await?;
+        if r == 0 {
+            break;
+        }
+        n += r;
+    }
+    Ok(n)
 }

@@ -1,0 +1,121 @@
+//! Write staging: a file being written through the mount lives in a local staging file until
+//! it is published (uploaded) as one object. A small manifest beside it names the target and
+//! says whether the content is complete, so a restart can tell a finished checkpoint whose
+//! upload was interrupted (upload it again) from one cut off mid-write (never upload a part).
+
+use serde::{Deserialize, Serialize};
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Object path the content is for.
+    pub target: String,
+    /// The writer finished (flush, fsync or close) and the data file is synced.
+    pub complete: bool,
+}
+
+#[derive(Debug)]
+pub struct Staged {
+    file: File,
+    data: PathBuf,
+    manifest: PathBuf,
+    pub target: String,
+    pub len: u64,
+    /// Bytes written since the last publish.
+    pub dirty: bool,
+}
+
+fn write_manifest(path: &Path, m: &Manifest) -> io::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec(m).map_err(io::Error::other)?)?;
+    std::fs::rename(&tmp, path)
+}
+
+impl Staged {
+    pub fn create(dir: &Path, id: u64, target: &str) -> io::Result<Staged> {
+        std::fs::create_dir_all(dir)?;
+        let data = dir.join(format!("{id}.data"));
+        let manifest = dir.join(format!("{id}.json"));
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&data)?;
+        write_manifest(&manifest, &Manifest { target: target.to_string(), complete: false })?;
+        // An empty new file is content too: `touch` then close must create an empty object.
+        Ok(Staged { file, data, manifest, target: target.to_string(), len: 0, dirty: true })
+    }
+
+    pub fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.file.write_all_at(buf, offset)?;
+        self.len = self.len.max(offset + buf.len() as u64);
+        self.dirty = true;
+        Ok(())
+    }
+
+    pub fn read_at(&self, offset: u64, size: usize) -> io::Result<Vec<u8>> {
+        let end = (offset + size as u64).min(self.len);
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        let mut buf = vec![0u8; (end - offset) as usize];
+        self.file.read_exact_at(&mut buf, offset)?;
+        Ok(buf)
+    }
+
+    pub fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)?;
+        self.len = len;
+        self.dirty = true;
+        Ok(())
+    }
+
+    /// Syncs the data and marks it complete: from here a restart may publish it.
+    pub fn seal(&self) -> io::Result<()> {
+        self.file.sync_data()?;
+        write_manifest(&self.manifest, &Manifest { target: self.target.clone(), complete: true })
+    }
+
+    pub fn retarget(&mut self, target: &str) -> io::Result<()> {
+        self.target = target.to_string();
+        write_manifest(&self.manifest, &Manifest { target: self.target.clone(), complete: false })
+    }
+
+    pub fn data_path(&self) -> &Path {
+        &self.data
+    }
+
+    pub fn discard(&self) {
+        let _ = std::fs::remove_file(&self.data);
+        let _ = std::fs::remove_file(&self.manifest);
+    }
+}
+
+/// A staged file found at start-up.
+#[derive(Debug, Clone)]
+pub struct Leftover {
+    pub manifest: Manifest,
+    pub data: PathBuf,
+    pub manifest_path: PathBuf,
+}
+
+/// Staged files left by a previous run, oldest id first.
+pub fn leftovers(dir: &Path) -> Vec<Leftover> {
+    let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut out: Vec<(u64, Leftover)> = rd
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let p = e.path();
+            let id: u64 = p.file_name()?.to_str()?.strip_suffix(".json")?.parse().ok()?;
+            let manifest: Manifest = serde_json::from_slice(&std::fs::read(&p).ok()?).ok()?;
+            Some((id, Leftover { manifest, data: dir.join(format!("{id}.data")), manifest_path: p }))
+        })
+        .collect();
+    out.sort_by_key(|(id, _)| *id);
+    out.into_iter().map(|(_, l)| l).collect()
+}
+
+/// The next free staging id in `dir`.
+pub fn next_id(dir: &Path) -> u64 {
+    let Ok(rd) = std::fs::read_dir(dir) else { return 1 };
+    rd.filter_map(|e| e.ok()).filter_map(|e| e.path().file_stem()?.to_str()?.parse::<u64>().ok()).max().unwrap_or(0) + 1
+}
