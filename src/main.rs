@@ -90,7 +90,9 @@ async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
         config.metrics.listen = m;
     }
     let agent = Agent::start(config).await.context("cannot start the strata daemon")?;
+    let mounts = mount_cmd::mount_declared(&agent).await;
     agent.run(shutdown_signal()).await?;
+    mount_cmd::unmount_all(mounts).await;
     Ok(())
 }
 

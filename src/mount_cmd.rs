@@ -4,10 +4,7 @@
 use anyhow::{Context, bail};
 use clap::Args;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
-use strata_cachefs::fuse::KernelTtl;
-use strata_cachefs::{FsCore, FsOptions, MountOptions, ObjectNamespace};
+use strata_cachefs::{DatasetMount, mount_dataset};
 use strata_tiering::source::{ColdConfig, ColdKind, ObjectSource};
 use strata_tiering::units::{ByteSize, Dur};
 use strata_tiering::{CacheConfig, Policy, TierConfig, TieredCache};
@@ -90,8 +87,6 @@ fn cold_config(a: &MountArgs) -> anyhow::Result<ColdConfig> {
 pub async fn run(a: MountArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let cold = cold_config(&a)?;
     let source = ObjectSource::new(&cold, &a.state_dir.join("cold"))?;
-    // Fail now, with the store's own words, rather than at the first `ls` in a pod.
-    source.list_dir("").await.with_context(|| format!("cannot mount {}", a.source))?;
     let cache_config = CacheConfig {
         hot: TierConfig::new(a.state_dir.join("hot"), a.hot_capacity.0),
         warm: (a.warm_capacity.0 > 0).then(|| TierConfig::new(a.state_dir.join("warm"), a.warm_capacity.0)),
@@ -99,26 +94,67 @@ pub async fn run(a: MountArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
         policy: Policy::default(),
     };
     let cache = tokio::task::spawn_blocking(move || TieredCache::open(cache_config)).await??;
-    let ttl = if a.immutable { None } else { Some(a.metadata_ttl.0) };
-    let ns = ObjectNamespace::new(source, a.part_size.0 as usize, a.upload_parallel.max(1));
-    let staging_dir = (!a.read_only).then(|| a.state_dir.join("staging"));
-    let core = Arc::new(FsCore::new(Arc::new(ns), cache.clone(), FsOptions { metadata_ttl: ttl, staging_dir }));
-    for line in core.recover_staged(a.leftovers == "upload").await {
-        eprintln!("staged file from a previous run: {line}");
-    }
-    let kernel = ttl.unwrap_or(Duration::from_secs(365 * 86400));
-    let opts = MountOptions {
-        ttl: KernelTtl { entry: kernel, attr: kernel },
+    let spec = DatasetMount {
+        path: a.mountpoint.clone(),
+        prefix: String::new(),
+        read_only: a.read_only,
+        metadata_ttl: (!a.immutable).then_some(a.metadata_ttl.0),
         threads: a.threads,
         allow_other: !a.private,
-        read_ahead_kb: 4096,
+        part_size: a.part_size.0 as usize,
+        upload_parallel: a.upload_parallel,
+        staging_dir: a.state_dir.join("staging"),
+        upload_leftovers: a.leftovers == "upload",
     };
-    let session = strata_cachefs::mount(core, &a.mountpoint, tokio::runtime::Handle::current(), &opts)?;
+    let mounted =
+        mount_dataset(&spec, source, cache.clone()).await.with_context(|| format!("cannot mount {}", a.source))?;
+    for line in &mounted.leftovers {
+        eprintln!("staged file from a previous run: {line}");
+    }
     eprintln!("mounted {} at {}", a.source, a.mountpoint.display());
     shutdown.await;
-    let mnt = a.mountpoint.clone();
-    tokio::task::spawn_blocking(move || strata_cachefs::unmount(session, &mnt)).await?.context("unmounting")?;
+    tokio::task::spawn_blocking(move || mounted.unmount()).await?.context("unmounting")?;
     cache.flush().await?;
     eprintln!("unmounted {}", a.mountpoint.display());
     Ok(())
+}
+
+/// Mounts the `[[mounts]]` of the daemon's config on its cold store and cache, so `strata tier`
+/// sees and steers their data. A mount that fails is logged and skipped: the node's cache and
+/// the other mounts stay up.
+pub async fn mount_declared(agent: &strata_tiering::agent::Agent) -> Vec<strata_cachefs::Mounted> {
+    let mut out = Vec::new();
+    for (i, m) in agent.config.mounts.iter().enumerate() {
+        let spec = DatasetMount {
+            path: m.path.clone(),
+            prefix: m.prefix.clone(),
+            read_only: m.read_only,
+            metadata_ttl: (!m.immutable).then_some(m.metadata_ttl.0),
+            threads: m.threads,
+            allow_other: m.allow_other,
+            part_size: m.part_size.0 as usize,
+            upload_parallel: m.upload_parallel,
+            staging_dir: agent.config.state_dir.join("staging").join(i.to_string()),
+            upload_leftovers: m.leftovers == "upload",
+        };
+        match mount_dataset(&spec, agent.source.clone(), agent.cache.clone()).await {
+            Ok(mounted) => {
+                tracing::info!(path = %m.path.display(), prefix = %m.prefix, "dataset mounted");
+                out.push(mounted);
+            }
+            Err(e) => tracing::error!(path = %m.path.display(), error = %e, "dataset mount failed; skipping it"),
+        }
+    }
+    out
+}
+
+pub async fn unmount_all(mounts: Vec<strata_cachefs::Mounted>) {
+    for m in mounts {
+        let path = m.path.clone();
+        match tokio::task::spawn_blocking(move || m.unmount()).await {
+            Ok(Ok(())) => tracing::info!(path = %path.display(), "dataset unmounted"),
+            Ok(Err(e)) => tracing::warn!(path = %path.display(), error = %e, "unmount failed"),
+            Err(e) => tracing::warn!(path = %path.display(), error = %e, "unmount task failed"),
+        }
+    }
 }

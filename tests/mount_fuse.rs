@@ -454,3 +454,39 @@ fn fuse_root_failed_upload_is_an_error_from_fsync_and_close() {
     assert!(m.log().contains("uploading locked/x failed"), "{}", m.log());
     m.stop();
 }
+
+/// A mount declared in the daemon's config reads through the daemon's own cache, so
+/// `strata tier` warms, shows and evicts what the mount serves, and the writes it takes land in
+/// the cold store under the mount's prefix.
+#[test]
+#[ignore = "needs root and /dev/fuse: run by .ci/run"]
+fn fuse_root_daemon_mounts_share_the_cache_with_tier() {
+    let cold = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(cold.path().join("ds/sub")).unwrap();
+    let a = data(7, 3_000_000);
+    std::fs::write(cold.path().join("ds/a.bin"), &a).unwrap();
+    std::fs::write(cold.path().join("ds/sub/b.txt"), b"bee").unwrap();
+    std::fs::write(cold.path().join("elsewhere.bin"), b"not in the mount").unwrap();
+    let mnt = tempfile::tempdir().unwrap();
+    let body = format!(
+        "[cold]\nkind = \"local\"\npath = \"{}\"\n[[mounts]]\npath = \"{}\"\nprefix = \"ds\"\n",
+        cold.path().display(),
+        mnt.path().display()
+    );
+    let mut d = Daemon::start(&body, "64MiB", "64MiB");
+    assert!(mounted(mnt.path()), "the daemon did not mount its dataset:\n{}", d.log());
+    assert_eq!(names(mnt.path()), ["a.bin", "sub"]);
+
+    let out = d.tier_ok(&["warmup", "ds/"]);
+    assert!(out.contains("2 objects, 4/4 chunks"), "{out}");
+    assert_eq!(std::fs::read(mnt.path().join("a.bin")).unwrap(), a);
+    assert_eq!(std::fs::read(mnt.path().join("sub/b.txt")).unwrap(), b"bee");
+    let s = d.status();
+    assert_eq!(s["cold_fetches"], 4, "reads through the mount were served by the daemon's warmed cache");
+    assert!(tier(&s, "hot")["hits"].as_u64().unwrap() >= 4);
+
+    std::fs::write(mnt.path().join("new.txt"), b"written through the mount").unwrap();
+    assert_eq!(std::fs::read(cold.path().join("ds/new.txt")).unwrap(), b"written through the mount");
+    d.stop();
+    assert!(!mounted(mnt.path()), "the daemon left its mount behind on SIGTERM");
+}

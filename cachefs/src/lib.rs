@@ -5,6 +5,7 @@
 //! thin fuser adapter over it; [`mount`] sets up the session.
 
 pub mod core;
+pub mod dataset;
 pub mod fuse;
 pub mod mount;
 pub mod namespace;
@@ -12,6 +13,7 @@ pub mod objects;
 pub mod staging;
 
 pub use crate::core::{FsCore, FsError, FsOptions};
+pub use crate::dataset::{DatasetMount, Mounted, mount_dataset};
 pub use crate::mount::{MountError, MountOptions, mount, unmount};
 pub use crate::namespace::{Namespace, Node, NodeKind, NsError};
 pub use crate::objects::ObjectNamespace;

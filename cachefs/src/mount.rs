@@ -15,6 +15,8 @@ pub enum MountError {
     MountPoint { path: String, message: String },
     #[error("mounting {path} failed: {source} (is /dev/fuse there, and fuse3's fusermount3 installed?)")]
     Fuse { path: String, source: std::io::Error },
+    #[error("cannot mount {path}: {message}")]
+    Source { path: String, message: String },
 }
 
 #[derive(Debug, Clone)]
@@ -44,7 +46,8 @@ pub fn mount(
     }
     let mut config = Config::default();
     config.mount_options = vec![
-        MountOption::FSName(format!("strata:{}", core.describe())),
+        // fusermount3 splits options on commas, so none may appear in the name.
+        MountOption::FSName(format!("strata:{}", core.describe()).replace(',', ";")),
         MountOption::Subtype("strata".into()),
         MountOption::NoDev,
         MountOption::NoSuid,

@@ -12,6 +12,9 @@ use strata_tiering::{ChunkKey, Fetcher};
 #[derive(Debug, Clone)]
 pub struct ObjectNamespace {
     source: ObjectSource,
+    /// Sub-prefix of the source this namespace shows, so a mount of `datasets/imagenet` of the
+    /// daemon's store names its chunks exactly as `strata tier warmup datasets/imagenet/` does.
+    root: String,
     part_size: usize,
     parallel: usize,
 }
@@ -19,7 +22,22 @@ pub struct ObjectNamespace {
 impl ObjectNamespace {
     /// Uploads go in one PUT up to `part_size`, as multipart uploads of that part size above it.
     pub fn new(source: ObjectSource, part_size: usize, parallel: usize) -> Self {
-        ObjectNamespace { source, part_size, parallel }
+        ObjectNamespace { source, root: String::new(), part_size, parallel }
+    }
+
+    /// Shows only what is under `root` inside the source.
+    pub fn with_root(mut self, root: &str) -> Self {
+        self.root = root.trim_matches('/').to_string();
+        self
+    }
+
+    /// The source-relative key of a path in this namespace.
+    fn key(&self, path: &str) -> String {
+        match (self.root.is_empty(), path.is_empty()) {
+            (true, _) => path.to_string(),
+            (false, true) => self.root.clone(),
+            (false, false) => format!("{}/{path}", self.root),
+        }
     }
 
     fn node(o: ObjectInfo) -> Node {
@@ -27,19 +45,23 @@ impl ObjectNamespace {
         Node { name, kind: NodeKind::File, size: o.size, version: o.version, mtime: o.modified }
     }
 
-    fn info(path: &str, node: &Node) -> ObjectInfo {
-        ObjectInfo { path: path.to_string(), size: node.size, version: node.version.clone(), modified: node.mtime }
+    fn info(&self, path: &str, node: &Node) -> ObjectInfo {
+        ObjectInfo { path: self.key(path), size: node.size, version: node.version.clone(), modified: node.mtime }
     }
 }
 
 impl Namespace for ObjectNamespace {
     fn describe(&self) -> String {
-        self.source.describe().to_string()
+        if self.root.is_empty() {
+            self.source.describe().to_string()
+        } else {
+            format!("{} prefix {}", self.source.describe(), self.root)
+        }
     }
 
     fn read_dir(&self, dir: &str) -> BoxFuture<'static, Result<Vec<Node>, NsError>> {
         let source = self.source.clone();
-        let dir = dir.to_string();
+        let dir = self.key(dir);
         async move {
             let (dirs, objects) = source.list_dir(&dir).await?;
             let mut out: Vec<Node> = dirs
@@ -70,26 +92,26 @@ impl Namespace for ObjectNamespace {
     }
 
     fn chunk_key(&self, path: &str, node: &Node, index: u64) -> ChunkKey {
-        ChunkKey::object(path, &node.version, index, self.source.chunk_size())
+        ChunkKey::object(self.key(path), &node.version, index, self.source.chunk_size())
     }
 
     fn fetcher(&self, path: &str, node: &Node) -> Arc<dyn Fetcher> {
-        self.source.fetcher(&Self::info(path, node))
+        self.source.fetcher(&self.info(path, node))
     }
 
     fn publish(&self, path: &str, staged: &std::path::Path) -> BoxFuture<'static, Result<Node, NsError>> {
-        let (source, path, staged) = (self.source.clone(), path.to_string(), staged.to_path_buf());
+        let (source, path, staged) = (self.source.clone(), self.key(path), staged.to_path_buf());
         let (part, parallel) = (self.part_size, self.parallel);
         async move { Ok(Self::node(source.upload_file(&path, &staged, part, parallel).await?)) }.boxed()
     }
 
     fn remove(&self, path: &str) -> BoxFuture<'static, Result<(), NsError>> {
-        let (source, path) = (self.source.clone(), path.to_string());
+        let (source, path) = (self.source.clone(), self.key(path));
         async move { Ok(source.delete(&path).await?) }.boxed()
     }
 
     fn rename(&self, from: &str, to: &str) -> BoxFuture<'static, Result<Node, NsError>> {
-        let (source, from, to) = (self.source.clone(), from.to_string(), to.to_string());
+        let (source, from, to) = (self.source.clone(), self.key(from), self.key(to));
         async move { Ok(Self::node(source.rename(&from, &to).await?)) }.boxed()
     }
 }

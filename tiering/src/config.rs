@@ -29,6 +29,55 @@ pub struct Config {
     pub tiers: TiersConfig,
     #[serde(default)]
     pub policy: PolicyConfig,
+    /// Dataset mounts the daemon serves from the cold store, through the same cache.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<MountConfig>,
+}
+
+/// `[[mounts]]`: one dataset mount of a prefix of the cold store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MountConfig {
+    /// Absolute path to mount at; it must exist.
+    pub path: PathBuf,
+    /// Prefix of the cold store to show ("" for all of it).
+    #[serde(default)]
+    pub prefix: String,
+    #[serde(default)]
+    pub read_only: bool,
+    /// The data never changes while mounted: trust listings for the mount's lifetime.
+    #[serde(default)]
+    pub immutable: bool,
+    #[serde(default = "default_metadata_ttl")]
+    pub metadata_ttl: Dur,
+    #[serde(default = "default_threads")]
+    pub threads: usize,
+    #[serde(default = "yes")]
+    pub allow_other: bool,
+    #[serde(default = "default_part")]
+    pub part_size: ByteSize,
+    #[serde(default = "default_threads")]
+    pub upload_parallel: usize,
+    /// What to do at start with files a previous run staged but did not finish uploading:
+    /// `upload` or `report`.
+    #[serde(default = "default_leftovers")]
+    pub leftovers: String,
+}
+
+fn default_metadata_ttl() -> Dur {
+    Dur::secs(60)
+}
+fn default_threads() -> usize {
+    4
+}
+fn yes() -> bool {
+    true
+}
+fn default_part() -> ByteSize {
+    ByteSize::mib(16)
+}
+fn default_leftovers() -> String {
+    "upload".into()
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -177,6 +226,31 @@ impl Config {
         if self.policy.interval.0.is_zero() {
             return err("policy.interval".into(), "must be above 0s".into());
         }
+        for (i, m) in self.mounts.iter().enumerate() {
+            let key = |f: &str| format!("mounts[{i}].{f}");
+            if !m.path.is_absolute() {
+                return err(key("path"), format!("`{}` must be an absolute path", m.path.display()));
+            }
+            if self.mounts[..i].iter().any(|o| o.path == m.path) {
+                return err(key("path"), format!("`{}` is mounted twice", m.path.display()));
+            }
+            if m.prefix.split('/').any(|s| s == "..") {
+                return err(key("prefix"), "must not contain `..`".into());
+            }
+            if !(1..=64).contains(&m.threads) {
+                return err(key("threads"), "must be between 1 and 64".into());
+            }
+            if !(1..=64).contains(&m.upload_parallel) {
+                return err(key("upload_parallel"), "must be between 1 and 64".into());
+            }
+            // S3 refuses multipart parts under 5 MiB (but the last) and over 5 GiB.
+            if m.part_size.0 < 5 << 20 || m.part_size.0 > 5 << 30 {
+                return err(key("part_size"), "must be between 5MiB and 5GiB".into());
+            }
+            if m.leftovers != "upload" && m.leftovers != "report" {
+                return err(key("leftovers"), format!("`{}` is not `upload` or `report`", m.leftovers));
+            }
+        }
         Ok(())
     }
 
@@ -268,6 +342,19 @@ mod tests {
         assert_eq!(e.key, "metrics.listen", "{e}");
         let e = Config::from_toml("bogus = 1").unwrap_err();
         assert!(e.message.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn mounts_are_checked() {
+        let c = Config::from_toml("[[mounts]]\npath = \"/mnt/ds\"\nprefix = \"datasets/x\"\n").unwrap();
+        assert_eq!(c.mounts[0].threads, 4);
+        assert_eq!(c.mounts[0].part_size, ByteSize::mib(16));
+        let e = Config::from_toml("[[mounts]]\npath = \"rel\"\n").unwrap_err();
+        assert_eq!(e.key, "mounts[0].path");
+        let e = Config::from_toml("[[mounts]]\npath = \"/m\"\npart_size = \"1MiB\"\n").unwrap_err();
+        assert_eq!(e.key, "mounts[0].part_size");
+        let e = Config::from_toml("[[mounts]]\npath = \"/m\"\nleftovers = \"maybe\"\n").unwrap_err();
+        assert_eq!(e.key, "mounts[0].leftovers");
     }
 
     #[test]

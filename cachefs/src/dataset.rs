@@ -1,0 +1,82 @@
+//! A dataset mount from start to end: the namespace over a source prefix, the core on a shared
+//! cache, leftovers of a previous run, the FUSE session, and the unmount. Used by `strata mount`
+//! and by the daemon for the mounts its config declares.
+
+use crate::core::{FsCore, FsOptions};
+use crate::fuse::KernelTtl;
+use crate::mount::{MountError, MountOptions};
+use crate::objects::ObjectNamespace;
+use fuser::BackgroundSession;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use strata_tiering::TieredCache;
+use strata_tiering::source::ObjectSource;
+use tracing::warn;
+
+#[derive(Debug, Clone)]
+pub struct DatasetMount {
+    /// Where to mount.
+    pub path: PathBuf,
+    /// Sub-prefix of the source to show ("" for all of it).
+    pub prefix: String,
+    pub read_only: bool,
+    /// `None`: listings are trusted for as long as the mount lives.
+    pub metadata_ttl: Option<Duration>,
+    pub threads: usize,
+    pub allow_other: bool,
+    pub part_size: usize,
+    pub upload_parallel: usize,
+    /// Where writes are staged; one directory per mount.
+    pub staging_dir: PathBuf,
+    /// Upload files a previous run staged completely (else only report them).
+    pub upload_leftovers: bool,
+}
+
+/// A live mount; [`Mounted::unmount`] ends it.
+#[derive(Debug)]
+pub struct Mounted {
+    session: BackgroundSession,
+    pub path: PathBuf,
+    /// What happened to files staged by a previous run, one line each.
+    pub leftovers: Vec<String>,
+}
+
+impl Mounted {
+    pub fn unmount(self) -> Result<(), MountError> {
+        crate::mount::unmount(self.session, &self.path)
+    }
+}
+
+/// Mounts `spec` over `source`, reading through `cache`. Checks first that the source answers,
+/// so a wrong bucket or credentials fail here, not at a pod's first `ls`.
+pub async fn mount_dataset(
+    spec: &DatasetMount,
+    source: ObjectSource,
+    cache: TieredCache,
+) -> Result<Mounted, MountError> {
+    let ns = ObjectNamespace::new(source, spec.part_size, spec.upload_parallel.max(1)).with_root(&spec.prefix);
+    let probe = crate::namespace::Namespace::read_dir(&ns, "").await;
+    if let Err(e) = probe {
+        return Err(MountError::Source { path: spec.path.display().to_string(), message: e.to_string() });
+    }
+    let staging_dir = (!spec.read_only).then(|| spec.staging_dir.clone());
+    let core = Arc::new(FsCore::new(Arc::new(ns), cache, FsOptions { metadata_ttl: spec.metadata_ttl, staging_dir }));
+    let leftovers = core.recover_staged(spec.upload_leftovers).await;
+    let kernel = spec.metadata_ttl.unwrap_or(Duration::from_secs(365 * 86400));
+    let opts = MountOptions {
+        ttl: KernelTtl { entry: kernel, attr: kernel },
+        threads: spec.threads,
+        allow_other: spec.allow_other,
+        read_ahead_kb: 4096,
+    };
+    let path = spec.path.clone();
+    let rt = tokio::runtime::Handle::current();
+    let session = tokio::task::spawn_blocking(move || crate::mount::mount(core, &path, rt, &opts))
+        .await
+        .map_err(|e| MountError::Source { path: spec.path.display().to_string(), message: e.to_string() })??;
+    for l in &leftovers {
+        warn!(mountpoint = %spec.path.display(), "staged file from a previous run: {l}");
+    }
+    Ok(Mounted { session, path: spec.path.clone(), leftovers })
+}
