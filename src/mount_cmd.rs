@@ -28,6 +28,12 @@ pub struct MountArgs {
     endpoint: Option<String>,
     #[arg(long, env = "AWS_REGION")]
     region: Option<String>,
+    /// Upper bound on one request to the store, retries included.
+    #[arg(long, default_value = "30s", value_parser = Dur::parse)]
+    timeout: Dur,
+    /// Retries of a failed request, within --timeout.
+    #[arg(long, default_value_t = 3)]
+    retries: usize,
     /// How long listings and attributes are trusted, in the daemon and the kernel.
     #[arg(long, default_value = "60s", value_parser = Dur::parse)]
     metadata_ttl: Dur,
@@ -59,7 +65,8 @@ pub struct MountArgs {
 }
 
 fn cold_config(a: &MountArgs) -> anyhow::Result<ColdConfig> {
-    let mut c = ColdConfig { chunk_size: a.chunk_size, ..ColdConfig::default() };
+    let mut c =
+        ColdConfig { chunk_size: a.chunk_size, timeout: a.timeout, retries: a.retries, ..ColdConfig::default() };
     if let Some(rest) = a.source.strip_prefix("s3://") {
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         if bucket.is_empty() {

@@ -490,3 +490,156 @@ fn fuse_root_daemon_mounts_share_the_cache_with_tier() {
     d.stop();
     assert!(!mounted(mnt.path()), "the daemon left its mount behind on SIGTERM");
 }
+
+fn fio(dir: &Path, args: &[&str]) {
+    let out = Command::new("fio")
+        .current_dir(dir)
+        .args(["--ioengine=psync", "--fallocate=none", "--verify=crc32c", "--verify_state_save=0", "--size=64M"])
+        .args(args)
+        .output()
+        .expect("fio runs (package fio)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("err= 0"),
+        "fio {args:?} failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// fio sequential and random jobs write through one mount with verification, then a second
+/// mount (another node, cold cache) verifies every block it reads back from RGW.
+#[test]
+#[ignore = "needs root, /dev/fuse, fio and Ceph RGW: run by .ci/run"]
+fn fuse_root_rgw_fio_jobs_verify() {
+    let rgw = Rgw::from_env();
+    let prefix = unique_prefix("fio");
+    let seq = ["--name=seq", "--filename=seq.dat", "--rw=write", "--bs=1M"];
+    let rand = ["--name=rand", "--filename=rand.dat", "--rw=randwrite", "--bs=256k", "--randrepeat=1"];
+    let mut a = rgw_mount(&rgw, &prefix);
+    fio(&a.mnt, &seq);
+    fio(&a.mnt, &rand);
+    a.stop();
+    let mut b = rgw_mount(&rgw, &prefix);
+    // Read jobs check every block against the header and CRC the write jobs put in it.
+    fio(&b.mnt, &["--name=seqread", "--filename=seq.dat", "--rw=read", "--bs=1M", "--readonly"]);
+    fio(&b.mnt, &["--name=randread", "--filename=rand.dat", "--rw=randread", "--bs=256k", "--readonly"]);
+    b.stop();
+    delete(&rgw, &format!("{prefix}seq.dat"));
+    delete(&rgw, &format!("{prefix}rand.dat"));
+}
+
+/// A prefix of 100,000 objects lists completely through the mount: every name, once.
+#[test]
+#[ignore = "needs root, /dev/fuse and Ceph RGW: run by .ci/run"]
+fn fuse_root_rgw_readdir_of_100k_objects() {
+    use futures::StreamExt;
+    use object_store::ObjectStoreExt;
+    const N: usize = 100_000;
+    let rgw = Rgw::from_env();
+    let prefix = unique_prefix("big-dir");
+    let store = rgw.store();
+    rt().block_on(async {
+        futures::stream::iter(0..N)
+            .map(|i| {
+                let (store, key) = (store.clone(), format!("{prefix}d/f{i:06}"));
+                async move { store.put(&object_store::path::Path::from(key), bytes::Bytes::from_static(b"x").into()).await }
+            })
+            .buffer_unordered(64)
+            .for_each(|r| async move {
+                r.expect("upload to RGW");
+            })
+            .await;
+    });
+    let mut m = rgw_mount(&rgw, &prefix);
+    let listed = names(&m.path("d"));
+    assert_eq!(listed.len(), N);
+    assert_eq!(listed.first().map(String::as_str), Some("f000000"));
+    assert_eq!(listed.last().map(String::as_str), Some("f099999"));
+    assert!(listed.windows(2).all(|w| w[0] < w[1]), "a name is listed twice");
+    assert_eq!(std::fs::read(m.path("d/f054321")).unwrap(), b"x");
+    m.stop();
+}
+
+/// A TCP relay to RGW that the test can cut, standing in for an RGW outage.
+struct Relay {
+    port: u16,
+    down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    live: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Relay {
+    fn to(upstream: &str) -> Relay {
+        use std::sync::atomic::Ordering;
+        let upstream = upstream.trim_start_matches("http://").to_string();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let down = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let live = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (d, l) = (down.clone(), live.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().take(10_000) {
+                let Ok(client) = client else { continue };
+                if d.load(Ordering::SeqCst) {
+                    continue; // dropped: the store is "gone"
+                }
+                let Ok(server) = std::net::TcpStream::connect(&upstream) else { continue };
+                l.lock().unwrap().extend([client.try_clone().unwrap(), server.try_clone().unwrap()]);
+                for (mut from, mut to) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)]
+                {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Relay { port, down, live }
+    }
+
+    fn cut(&self) {
+        self.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        for s in self.live.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn restore(&self) {
+        self.down.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// RGW goes away in the middle of a read: the read fails with EIO within the configured
+/// timeout, never with wrong bytes, and reads work again once RGW is back.
+#[test]
+#[ignore = "needs root, /dev/fuse and Ceph RGW: run by .ci/run"]
+fn fuse_root_rgw_outage_mid_read_is_eio_then_recovers() {
+    let rgw = Rgw::from_env();
+    let prefix = unique_prefix("outage");
+    let len = 32 << 20;
+    rt().block_on(upload(rgw.store().as_ref(), &prefix, &[("big.bin", len)]));
+    let want = data(1 + prefix.len() as u64, len);
+    let relay = Relay::to(&rgw.endpoint);
+    let endpoint = format!("http://127.0.0.1:{}", relay.port);
+    let source = format!("s3://{}/{}", rgw.bucket, prefix.trim_end_matches('/'));
+    let mut m =
+        Mount::start(&source, &["--endpoint", &endpoint, "--region", "us-east-1", "--timeout", "3s", "--retries", "1"]);
+    let mut f = std::fs::File::open(m.path("big.bin")).unwrap();
+    let mut head = vec![0u8; 1 << 20];
+    f.read_exact(&mut head).unwrap();
+    assert!(head == want[..1 << 20]);
+
+    relay.cut();
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    let err = f.read_to_end(&mut rest).expect_err("reads of uncached chunks must fail while RGW is gone");
+    assert_eq!(err.raw_os_error(), Some(5), "expected EIO, got {err}");
+    assert!(started.elapsed() < Duration::from_secs(3 + 10), "waited {:?} past the 3s timeout", started.elapsed());
+    // Whatever did arrive before the error is right.
+    let got = (1 << 20) + rest.len();
+    assert!(rest[..] == want[1 << 20..got], "bytes served during the outage differ");
+
+    relay.restore();
+    drop(f);
+    assert_eq!(sha(&std::fs::read(m.path("big.bin")).unwrap()), sha(&want), "reads resume once RGW is back");
+    m.stop();
+}

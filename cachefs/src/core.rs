@@ -273,8 +273,8 @@ impl FsCore {
     }
 
     /// Opens a file: for reading at the version the last listing saw, or for writing. Writing
-    /// needs a new file, a truncating open (`O_TRUNC`), or a file still being written; an
-    /// existing object cannot be changed in place.
+    /// needs a new or empty file, a truncating open (`O_TRUNC`), or a file still being written;
+    /// an existing object with content cannot be changed in place.
     pub fn open(&self, ino: u64, write: bool, truncate: bool) -> Result<u64, FsError> {
         let i = self.inode(ino)?;
         if i.node.kind == NodeKind::Dir {
@@ -284,7 +284,9 @@ impl FsCore {
         let staged = match (write, existing) {
             (_, Some(s)) => Some(s),
             (false, None) => None,
-            (true, None) if truncate => Some(self.start_staging(ino, &i.path)?),
+            // An empty object has nothing to preserve, so writing it is a whole rewrite too; this
+            // keeps create-close-reopen tools (fio, `touch` then write) working.
+            (true, None) if truncate || i.node.size == 0 => Some(self.start_staging(ino, &i.path)?),
             (true, None) => {
                 return Err(FsError::NotSupported(
                     "an existing object can only be rewritten whole: open it with O_TRUNC",
