@@ -154,9 +154,16 @@ fn fuse_root_rgw_prefix_reads_equal_the_objects() {
     }
     let missing = std::fs::metadata(m.path("train/nope.bin")).unwrap_err();
     assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
-    let err = std::fs::OpenOptions::new().write(true).open(m.path("README")).unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(1), "rewriting part of an existing object is refused with EPERM");
+    let mut rw = std::fs::OpenOptions::new().read(true).write(true).open(m.path("README")).unwrap();
+    let mut back = Vec::new();
+    rw.read_to_end(&mut back).unwrap();
+    assert_eq!(back.len(), 12, "a read-write open reads the object");
+    let err = std::io::Write::write_all(&mut rw, b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(1), "writing part of an existing object is refused with EPERM");
+    // `rw` stays open across the SIGTERM below: the mount must still go away and the process
+    // exit, after its bounded wait for open files.
     m.stop();
+    drop(rw);
 }
 
 #[test]
@@ -323,7 +330,10 @@ fn fuse_root_rgw_write_semantics() {
 
     let errno = |r: std::io::Result<std::fs::File>| r.unwrap_err().raw_os_error();
     assert_eq!(errno(std::fs::OpenOptions::new().append(true).open(m.path("a.txt"))), Some(1), "append: EPERM");
-    assert_eq!(errno(std::fs::OpenOptions::new().write(true).open(m.path("a.txt"))), Some(1), "in-place write: EPERM");
+    let mut inplace = std::fs::OpenOptions::new().write(true).open(m.path("a.txt")).unwrap();
+    let err = std::io::Write::write_all(&mut inplace, b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(1), "in-place write: EPERM");
+    drop(inplace);
     assert_eq!(
         std::fs::hard_link(m.path("a.txt"), m.path("b.txt")).unwrap_err().raw_os_error(),
         Some(1),
@@ -494,7 +504,9 @@ fn fuse_root_daemon_mounts_share_the_cache_with_tier() {
 fn fio(dir: &Path, args: &[&str]) {
     let out = Command::new("fio")
         .current_dir(dir)
+        // create_on_open: no separate lay-out pass that writes, closes and reopens the file.
         .args(["--ioengine=psync", "--fallocate=none", "--verify=crc32c", "--verify_state_save=0", "--size=64M"])
+        .arg("--create_on_open=1")
         .args(args)
         .output()
         .expect("fio runs (package fio)");

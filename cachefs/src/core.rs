@@ -81,6 +81,8 @@ struct Handle {
     node: Node,
     fetcher: Arc<dyn Fetcher>,
     staged: Option<Arc<tokio::sync::Mutex<Staged>>>,
+    /// Opened for writing on an existing object: reads work, writes are refused.
+    in_place: bool,
 }
 
 /// Settings of the core.
@@ -273,33 +275,38 @@ impl FsCore {
     }
 
     /// Opens a file: for reading at the version the last listing saw, or for writing. Writing
-    /// needs a new or empty file, a truncating open (`O_TRUNC`), or a file still being written;
-    /// an existing object with content cannot be changed in place.
+    /// needs a new or empty file, a truncating open (`O_TRUNC`), or a file still being written.
+    /// An existing object with content may be opened read-write (tools reopen files that way
+    /// just to read them back), but a write through that handle is refused: S3 cannot change
+    /// part of an object.
     pub fn open(&self, ino: u64, write: bool, truncate: bool) -> Result<u64, FsError> {
         let i = self.inode(ino)?;
         if i.node.kind == NodeKind::Dir {
             return Err(FsError::IsDir);
         }
         let existing = self.writers.lock().unwrap_or_else(|p| p.into_inner()).get(&ino).cloned();
-        let staged = match (write, existing) {
-            (_, Some(s)) => Some(s),
-            (false, None) => None,
+        let (staged, in_place) = match (write, existing) {
+            (_, Some(s)) => (Some(s), false),
+            (false, None) => (None, false),
             // An empty object has nothing to preserve, so writing it is a whole rewrite too; this
             // keeps create-close-reopen tools (fio, `touch` then write) working.
-            (true, None) if truncate || i.node.size == 0 => Some(self.start_staging(ino, &i.path)?),
-            (true, None) => {
-                return Err(FsError::NotSupported(
-                    "an existing object can only be rewritten whole: open it with O_TRUNC",
-                ));
-            }
+            (true, None) if truncate || i.node.size == 0 => (Some(self.start_staging(ino, &i.path)?), false),
+            (true, None) => (None, true),
         };
-        Ok(self.new_handle(ino, i.path, i.node, staged))
+        Ok(self.new_handle(ino, i.path, i.node, staged, in_place))
     }
 
-    fn new_handle(&self, ino: u64, path: String, node: Node, staged: Option<Arc<tokio::sync::Mutex<Staged>>>) -> u64 {
+    fn new_handle(
+        &self,
+        ino: u64,
+        path: String,
+        node: Node,
+        staged: Option<Arc<tokio::sync::Mutex<Staged>>>,
+        in_place: bool,
+    ) -> u64 {
         let fetcher = self.ns.fetcher(&path, &node);
         let fh = self.next_fh.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let h = Arc::new(Handle { ino, path, node, fetcher, staged });
+        let h = Arc::new(Handle { ino, path, node, fetcher, staged, in_place });
         self.handles.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, h);
         fh
     }
@@ -369,12 +376,15 @@ impl FsCore {
         let ino = self.ino_for(&path, node.clone());
         let staged = self.start_staging(ino, &path)?;
         self.forget_listing(parent);
-        let fh = self.new_handle(ino, path, node.clone(), Some(staged));
+        let fh = self.new_handle(ino, path, node.clone(), Some(staged), false);
         Ok((Self::attr(ino, &node), fh))
     }
 
     pub async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
         let h = self.handle(fh)?;
+        if h.in_place {
+            return Err(FsError::NotSupported("an existing object can only be rewritten whole: open it with O_TRUNC"));
+        }
         let staged = h.staged.as_ref().ok_or(FsError::NotWritable)?;
         let mut s = staged.lock().await;
         s.write_at(offset, data).map_err(|source| FsError::Stage { path: h.path.clone(), source })?;
@@ -705,7 +715,10 @@ mod tests {
         assert!(matches!(fs.read(fh, 0, 1).await, Err(FsError::BadHandle)));
         assert!(matches!(fs.lookup(d.ino, "nope").await, Err(FsError::NotFound)));
         assert!(matches!(fs.open(d.ino, false, false), Err(FsError::IsDir)));
-        assert!(matches!(fs.open(big.ino, true, false), Err(FsError::NotSupported(_))));
+        let rw = fs.open(big.ino, true, false).unwrap();
+        assert_eq!(fs.read(rw, 0, 3).await.unwrap(), &[0u8, 1, 2][..], "a read-write open of an object reads it");
+        assert!(matches!(fs.write(rw, 0, b"x").await, Err(FsError::NotSupported(_))));
+        fs.release(rw).await.unwrap();
         assert!(matches!(fs.readdir(big.ino).await, Err(FsError::NotDir)));
     }
 }
@@ -774,7 +787,10 @@ mod write_tests {
         let fs = setup(dir.path());
         let d = fs.lookup(ROOT, "d").await.unwrap();
         let big = fs.lookup(d.ino, "big.bin").await.unwrap();
-        assert!(matches!(fs.open(big.ino, true, false), Err(FsError::NotSupported(_))));
+        let rw = fs.open(big.ino, true, false).unwrap();
+        assert_eq!(fs.read(rw, 0, 3).await.unwrap(), &[0u8, 1, 2][..], "a read-write open of an object reads it");
+        assert!(matches!(fs.write(rw, 0, b"x").await, Err(FsError::NotSupported(_))));
+        fs.release(rw).await.unwrap();
         assert!(matches!(fs.set_size(big.ino, 10).await, Err(FsError::NotSupported(_))));
         let fh = fs.open(big.ino, true, true).unwrap();
         fs.write(fh, 0, b"new").await.unwrap();

@@ -44,7 +44,7 @@ pub struct Mounted {
 
 impl Mounted {
     pub fn unmount(self) -> Result<(), MountError> {
-        crate::mount::unmount(self.session, &self.path)
+        crate::mount::unmount(self.session, &self.path, Duration::from_secs(10))
     }
 }
 

@@ -74,7 +74,10 @@ pub fn mount(
 
 /// Unmounts and waits for the session's threads. The mount is detached explicitly (as
 /// `fusermount3 -u -z` would), because the auto-unmount helper only acts when the process dies.
-pub fn unmount(session: BackgroundSession, mountpoint: &Path) -> Result<(), MountError> {
+/// Files still open on a detached mount keep its connection alive; rather than wait for them
+/// forever, this gives up after `wait` and lets process exit end the connection (their next
+/// access fails with ENOTCONN).
+pub fn unmount(session: BackgroundSession, mountpoint: &Path, wait: std::time::Duration) -> Result<(), MountError> {
     let path = mountpoint.display().to_string();
     let detached = std::process::Command::new("fusermount3")
         .args(["-u", "-z"])
@@ -84,7 +87,17 @@ pub fn unmount(session: BackgroundSession, mountpoint: &Path) -> Result<(), Moun
     if !detached.success() {
         warn!(mountpoint = %path, "fusermount3 -u failed; the mount may already be gone");
     }
-    session.umount_and_join().map_err(|source| MountError::Fuse { path, source })
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(session.umount_and_join());
+    });
+    match rx.recv_timeout(wait) {
+        Ok(r) => r.map_err(|source| MountError::Fuse { path, source }),
+        Err(_) => {
+            warn!(mountpoint = %path, "files are still open on the detached mount; not waiting for them");
+            Ok(())
+        }
+    }
 }
 
 /// The kernel reads ahead only 128 KiB on a FUSE mount unless the mount's BDI says otherwise.

@@ -99,7 +99,9 @@ start() {
   #  - size 1 / chooseleaf 0: one OSD must be enough for PGs to go active.
   #  - small pg num, no autoscaler: rgw + mgr create ~8 pools; default 32 PGs
   #    each would exceed mon_max_pg_per_osd on a single OSD and pool creation fails.
-  #  - memstore: no disk formatting, fastest bring-up; capped size, lazily used.
+  #  - bluestore on a sparse file (outside the OSD data dir: ELOOP otherwise): data goes to
+  #    disk, not RAM, so multi-GiB tests do not swell the OSD, and RGW's deferred garbage
+  #    collection of deleted objects costs disk, not memory. ~4 s slower than memstore.
   #  - paxos propose interval: the mon batches map changes for 1 s by default,
   #    and bring-up is a chain of ~15 osdmap epochs (OSD boot, one per pool).
   #  - [client] admin socket with $pid: concurrent CLI calls must not collide.
@@ -139,8 +141,14 @@ osd pool default pg num = 8
 osd pool default pgp num = 8
 osd pool default pg autoscale mode = off
 mon max pg per osd = 1000
-osd objectstore = memstore
-memstore device bytes = $((4 << 30))
+osd objectstore = bluestore
+bluestore block path = $DIR/bluestore.img
+bluestore block size = $((40 << 30))
+bluestore block create = true
+bluestore fsck on mkfs = false
+bluestore cache autotune = false
+bluestore cache size = $((256 << 20))
+osd memory target = $((1 << 30))
 mon data avail warn = 1
 mon data avail crit = 0
 paxos propose interval = 0.05
