@@ -42,6 +42,9 @@ pub struct MountArgs {
     immutable: bool,
     #[arg(long, default_value = "1MiB", value_parser = ByteSize::parse)]
     chunk_size: ByteSize,
+    /// Bytes of chunk fetches in flight, reads and read-ahead together.
+    #[arg(long, default_value = "256MiB", value_parser = ByteSize::parse)]
+    memory_budget: ByteSize,
     /// FUSE worker threads.
     #[arg(long, default_value_t = 4)]
     threads: usize,
@@ -112,6 +115,7 @@ pub async fn run(a: MountArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
         upload_parallel: a.upload_parallel,
         staging_dir: a.state_dir.join("staging"),
         upload_leftovers: a.leftovers == "upload",
+        memory_budget: a.memory_budget.0,
     };
     let mounted =
         mount_dataset(&spec, source, cache.clone()).await.with_context(|| format!("cannot mount {}", a.source))?;
@@ -143,6 +147,7 @@ pub async fn mount_declared(agent: &strata_tiering::agent::Agent) -> Vec<strata_
             upload_parallel: m.upload_parallel,
             staging_dir: agent.config.state_dir.join("staging").join(i.to_string()),
             upload_leftovers: m.leftovers == "upload",
+            memory_budget: m.memory_budget.0,
         };
         match mount_dataset(&spec, agent.source.clone(), agent.cache.clone()).await {
             Ok(mounted) => {

@@ -166,6 +166,51 @@ fn fuse_root_rgw_prefix_reads_equal_the_objects() {
     drop(rw);
 }
 
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = s.lines().find(|l| l.starts_with(field)).unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Sixteen readers, half on one file and half on others, all sequential so read-ahead runs
+/// flat out against RGW: every byte is right, and the mount's peak memory stays within its
+/// memory budget (plus the kernel's in-flight FUSE requests and the process's own baseline).
+#[test]
+#[ignore = "needs root, /dev/fuse and Ceph RGW: run by .ci/run"]
+fn fuse_root_rgw_sixteen_readers_stay_within_the_memory_budget() {
+    let rgw = Rgw::from_env();
+    let prefix = unique_prefix("rss");
+    let objects: Vec<(String, usize)> = (0..9).map(|i| (format!("f{i}.bin"), 24 << 20)).collect();
+    let refs: Vec<(&str, usize)> = objects.iter().map(|(n, l)| (n.as_str(), *l)).collect();
+    rt().block_on(upload(rgw.store().as_ref(), &prefix, &refs));
+    let source = format!("s3://{}/{}", rgw.bucket, prefix.trim_end_matches('/'));
+    let budget_mib = 64;
+    let mut m = Mount::start(
+        &source,
+        &["--endpoint", &rgw.endpoint, "--region", "us-east-1", "--memory-budget", &format!("{budget_mib}MiB")],
+    );
+    let pid = m.child.as_ref().unwrap().id();
+    let _ = std::fs::read_dir(&m.mnt).unwrap().count();
+    let baseline = status_kib(pid, "VmRSS:");
+    std::thread::scope(|s| {
+        for t in 0..16 {
+            let i = if t < 8 { 0 } else { t - 7 };
+            let want = data(i as u64 + 1 + prefix.len() as u64, 24 << 20);
+            let p = m.path(&format!("f{i}.bin"));
+            s.spawn(move || {
+                let got = std::fs::read(&p).unwrap();
+                assert!(got == want, "reader {t} got wrong bytes from f{i}.bin");
+            });
+        }
+    });
+    let peak = status_kib(pid, "VmHWM:");
+    // The kernel keeps up to 64 FUSE requests of up to 1 MiB in flight (max_background).
+    let allowed = baseline + (budget_mib + 64 + 32) * 1024;
+    assert!(peak <= allowed, "peak RSS {peak} KiB above baseline {baseline} KiB + budget {budget_mib} MiB + slack");
+    eprintln!("baseline {baseline} KiB, peak {peak} KiB, allowed {allowed} KiB");
+    m.stop();
+}
+
 #[test]
 #[ignore = "needs root and /dev/fuse: run by .ci/run"]
 fn fuse_root_sixteen_readers_of_one_and_many_files() {

@@ -3,6 +3,7 @@
 //! without the kernel.
 
 use crate::namespace::{Namespace, Node, NodeKind, NsError};
+use crate::readahead::ReadAhead;
 use crate::staging::{self, Staged};
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
@@ -83,6 +84,7 @@ struct Handle {
     staged: Option<Arc<tokio::sync::Mutex<Staged>>>,
     /// Opened for writing on an existing object: reads work, writes are refused.
     in_place: bool,
+    ahead: Mutex<ReadAhead>,
 }
 
 /// Settings of the core.
@@ -94,6 +96,11 @@ pub struct FsOptions {
     /// Where files being written are staged until they are uploaded; `None` makes the
     /// filesystem read-only.
     pub staging_dir: Option<std::path::PathBuf>,
+    /// Bytes of chunk fetches in flight, reads and read-ahead together; the mount's memory
+    /// budget for data. Read-ahead gets at most half and never waits for it.
+    pub memory_budget: u64,
+    /// Largest read-ahead window per open file.
+    pub max_read_ahead: u64,
 }
 
 pub struct FsCore {
@@ -109,6 +116,8 @@ pub struct FsCore {
     /// Entries that exist here but not (yet) in the store: files being written, new directories.
     pending: Mutex<HashMap<String, Node>>,
     next_stage: std::sync::atomic::AtomicU64,
+    demand: Arc<tokio::sync::Semaphore>,
+    ahead: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for FsCore {
@@ -134,6 +143,7 @@ impl FsCore {
         inodes.by_ino.insert(ROOT, Inode { path: String::new(), node: root });
         inodes.by_path.insert(String::new(), ROOT);
         let next_stage = opts.staging_dir.as_deref().map(staging::next_id).unwrap_or(1);
+        let chunks = (opts.memory_budget / ns.chunk_size().max(1)).max(2) as usize;
         FsCore {
             ns,
             cache,
@@ -145,6 +155,8 @@ impl FsCore {
             writers: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             next_stage: std::sync::atomic::AtomicU64::new(next_stage),
+            demand: Arc::new(tokio::sync::Semaphore::new(chunks - chunks / 2)),
+            ahead: Arc::new(tokio::sync::Semaphore::new(chunks / 2)),
         }
     }
 
@@ -306,7 +318,8 @@ impl FsCore {
     ) -> u64 {
         let fetcher = self.ns.fetcher(&path, &node);
         let fh = self.next_fh.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let h = Arc::new(Handle { ino, path, node, fetcher, staged, in_place });
+        let h =
+            Arc::new(Handle { ino, path, node, fetcher, staged, in_place, ahead: Mutex::new(ReadAhead::default()) });
         self.handles.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, h);
         fh
     }
@@ -616,6 +629,22 @@ impl FsCore {
 
     /// Reads `size` bytes at `offset` of an open file, fetching only the chunks it touches,
     /// all of them at once.
+    /// Fetches chunks ahead of a sequential reader into the cache, as far as the read-ahead
+    /// half of the memory budget allows right now; what does not fit is simply not prefetched.
+    fn read_ahead(&self, h: &Handle, range: std::ops::Range<u64>) {
+        for i in range {
+            let Ok(permit) = self.ahead.clone().try_acquire_owned() else { return };
+            let key = self.ns.chunk_key(&h.path, &h.node, i);
+            let (cache, fetcher) = (self.cache.clone(), h.fetcher.clone());
+            tokio::spawn(async move {
+                let opts = strata_tiering::GetOptions { tier: None, wait_cached: true };
+                // A failed prefetch is not an error: the demand read will fetch and report.
+                let _ = cache.get(&key, fetcher, opts).await;
+                drop(permit);
+            });
+        }
+    }
+
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, FsError> {
         let h = self.handle(fh)?;
         if let Some(staged) = &h.staged {
@@ -631,10 +660,24 @@ impl FsCore {
         let end = (offset + size as u64).min(file_size);
         let chunk = self.ns.chunk_size();
         let (first, last) = (offset / chunk, (end - 1) / chunk);
+        let ahead = h.ahead.lock().unwrap_or_else(|p| p.into_inner()).on_read(
+            offset,
+            end,
+            chunk,
+            file_size,
+            self.opts.max_read_ahead,
+        );
+        if let Some(range) = ahead {
+            self.read_ahead(&h, range);
+        }
         let reads = (first..=last).map(|i| {
             let key = self.ns.chunk_key(&h.path, &h.node, i);
             let fetcher = h.fetcher.clone();
-            async move { self.cache.get(&key, fetcher, Default::default()).await.map(|b| (i, b)) }
+            let budget = self.demand.clone();
+            async move {
+                let _permit = budget.acquire_owned().await;
+                self.cache.get(&key, fetcher, Default::default()).await.map(|b| (i, b))
+            }
         });
         let chunks = futures::future::try_join_all(reads)
             .await
@@ -683,7 +726,12 @@ mod tests_support {
         FsCore::new(
             Arc::new(ObjectNamespace::new(source, 8 << 20, 4)),
             cache,
-            FsOptions { metadata_ttl: None, staging_dir: Some(dir.join("staging")) },
+            FsOptions {
+                metadata_ttl: None,
+                staging_dir: Some(dir.join("staging")),
+                memory_budget: 64 << 20,
+                max_read_ahead: 16 << 20,
+            },
         )
     }
 }

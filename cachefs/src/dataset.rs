@@ -31,6 +31,8 @@ pub struct DatasetMount {
     pub staging_dir: PathBuf,
     /// Upload files a previous run staged completely (else only report them).
     pub upload_leftovers: bool,
+    /// Bytes of chunk fetches in flight (reads and read-ahead).
+    pub memory_budget: u64,
 }
 
 /// A live mount; [`Mounted::unmount`] ends it.
@@ -61,7 +63,16 @@ pub async fn mount_dataset(
         return Err(MountError::Source { path: spec.path.display().to_string(), message: e.to_string() });
     }
     let staging_dir = (!spec.read_only).then(|| spec.staging_dir.clone());
-    let core = Arc::new(FsCore::new(Arc::new(ns), cache, FsOptions { metadata_ttl: spec.metadata_ttl, staging_dir }));
+    let core = Arc::new(FsCore::new(
+        Arc::new(ns),
+        cache,
+        FsOptions {
+            metadata_ttl: spec.metadata_ttl,
+            staging_dir,
+            memory_budget: spec.memory_budget,
+            max_read_ahead: (spec.memory_budget / 4).clamp(2 << 20, 64 << 20),
+        },
+    ));
     let leftovers = core.recover_staged(spec.upload_leftovers).await;
     let kernel = spec.metadata_ttl.unwrap_or(Duration::from_secs(365 * 86400));
     let opts = MountOptions {

@@ -10,6 +10,7 @@ pub mod fuse;
 pub mod mount;
 pub mod namespace;
 pub mod objects;
+pub mod readahead;
 pub mod staging;
 
 pub use crate::core::{FsCore, FsError, FsOptions};

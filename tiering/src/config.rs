@@ -62,6 +62,13 @@ pub struct MountConfig {
     /// `upload` or `report`.
     #[serde(default = "default_leftovers")]
     pub leftovers: String,
+    /// Bytes of chunk fetches in flight for this mount, reads and read-ahead together.
+    #[serde(default = "default_budget")]
+    pub memory_budget: ByteSize,
+}
+
+fn default_budget() -> ByteSize {
+    ByteSize::mib(256)
 }
 
 fn default_metadata_ttl() -> Dur {
@@ -246,6 +253,9 @@ impl Config {
             // S3 refuses multipart parts under 5 MiB (but the last) and over 5 GiB.
             if m.part_size.0 < 5 << 20 || m.part_size.0 > 5 << 30 {
                 return err(key("part_size"), "must be between 5MiB and 5GiB".into());
+            }
+            if m.memory_budget.0 < 8 << 20 {
+                return err(key("memory_budget"), "must be at least 8MiB".into());
             }
             if m.leftovers != "upload" && m.leftovers != "report" {
                 return err(key("leftovers"), format!("`{}` is not `upload` or `report`", m.leftovers));
