@@ -593,21 +593,34 @@ impl FsCore {
             return Err(FsError::IsDir);
         }
         let writer = self.writers.lock().unwrap_or_else(|p| p.into_inner()).get(&src.ino).cloned();
+        let unpublished = match &writer {
+            Some(w) => w.lock().await.dirty || from.node.version.is_empty(),
+            None => false,
+        };
         let node = match writer {
-            Some(w) if w.lock().await.dirty || from.node.version.is_empty() => {
+            Some(w) if unpublished => {
+                // Not uploaded yet: the upload simply goes to the new name. An older object under
+                // the old name (a rewrite in progress) goes away with the name.
                 w.lock().await.retarget(&to).map_err(|source| FsError::Stage { path: to.clone(), source })?;
+                if let Err(e) = self.ns.remove(&from.path).await {
+                    tracing::debug!(path = %from.path, error = %e, "nothing to remove under the old name");
+                }
                 let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
                 let mut n = pending.remove(&from.path).unwrap_or(from.node.clone());
                 n.name = new_name.to_string();
                 pending.insert(to.clone(), n.clone());
                 n
             }
-            _ => {
+            writer => {
                 let mut n = self.ns.rename(&from.path, &to).await.map_err(|source| FsError::Namespace {
                     what: "renaming",
                     path: from.path.clone(),
                     source,
                 })?;
+                // Still open after an fsync: later writes and the close go to the new name.
+                if let Some(w) = writer {
+                    w.lock().await.retarget(&to).map_err(|source| FsError::Stage { path: to.clone(), source })?;
+                }
                 n.name = new_name.to_string();
                 n
             }
@@ -815,6 +828,35 @@ mod write_tests {
         assert_eq!(fs.read(rfh, 0, 100).await.unwrap(), &b"hello world"[..]);
         fs.unlink(d.ino, "ckpt").await.unwrap();
         assert!(cold(dir.path(), "d/ckpt").is_none());
+    }
+
+    #[tokio::test]
+    async fn renaming_a_rewrite_in_progress_moves_the_old_object_away() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = setup(dir.path());
+        let e = fs.lookup(ROOT, "d").await.unwrap();
+        let e = fs.lookup(e.ino, "e").await.unwrap();
+        let small = fs.lookup(e.ino, "small").await.unwrap();
+        let fh = fs.open(small.ino, true, true).unwrap();
+        fs.write(fh, 0, b"rewritten").await.unwrap();
+        fs.rename(e.ino, "small", e.ino, "moved").await.unwrap();
+        fs.release(fh).await.unwrap();
+        assert!(cold(dir.path(), "d/e/small").is_none(), "the old object left with its name");
+        assert_eq!(cold(dir.path(), "d/e/moved").unwrap(), b"rewritten");
+    }
+
+    #[tokio::test]
+    async fn rename_after_fsync_while_open_sends_later_writes_to_the_new_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = setup(dir.path());
+        let (_, fh) = fs.create(ROOT, "c.tmp").await.unwrap();
+        fs.write(fh, 0, b"part one").await.unwrap();
+        fs.flush(fh).await.unwrap();
+        fs.rename(ROOT, "c.tmp", ROOT, "c").await.unwrap();
+        fs.write(fh, 8, b", part two").await.unwrap();
+        fs.release(fh).await.unwrap();
+        assert!(cold(dir.path(), "c.tmp").is_none());
+        assert_eq!(cold(dir.path(), "c").unwrap(), b"part one, part two");
     }
 
     #[tokio::test]
