@@ -700,3 +700,48 @@ fn fuse_root_rgw_outage_mid_read_is_eio_then_recovers() {
     assert_eq!(sha(&std::fs::read(m.path("big.bin")).unwrap()), sha(&want), "reads resume once RGW is back");
     m.stop();
 }
+
+/// The hot tier's disk is full (a 1 MiB tmpfs under a 64 MiB capacity): reads through the mount
+/// go on, from the warm tier and RGW, with the right bytes.
+#[test]
+#[ignore = "needs root (tmpfs, /dev/fuse) and Ceph RGW: run by .ci/run"]
+fn fuse_root_rgw_full_hot_disk_reads_go_on() {
+    let rgw = Rgw::from_env();
+    let prefix = unique_prefix("mnt-enospc");
+    let len = 6_000_000;
+    rt().block_on(upload(rgw.store().as_ref(), &prefix, &[("big.bin", len)]));
+    let want = data(1 + prefix.len() as u64, len);
+    let dir = tempfile::tempdir().unwrap();
+    let hot = dir.path().join("state/hot");
+    std::fs::create_dir_all(&hot).unwrap();
+    assert!(
+        Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"]).arg(&hot).status().unwrap().success()
+    );
+    struct Umount(PathBuf);
+    impl Drop for Umount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _guard = Umount(hot);
+    let source = format!("s3://{}/{}", rgw.bucket, prefix.trim_end_matches('/'));
+    let args = [
+        "--endpoint",
+        rgw.endpoint.as_str(),
+        "--region",
+        "us-east-1",
+        "--hot-capacity",
+        "64MiB",
+        "--warm-capacity",
+        "64MiB",
+    ];
+    let mut m = Mount::start_in(dir, &source, &args);
+    for _ in 0..2 {
+        assert_eq!(
+            sha(&std::fs::read(m.path("big.bin")).unwrap()),
+            sha(&want),
+            "reads must go on with a full hot disk"
+        );
+    }
+    m.stop();
+}
