@@ -712,18 +712,7 @@ fn fuse_root_rgw_full_hot_disk_reads_go_on() {
     rt().block_on(upload(rgw.store().as_ref(), &prefix, &[("big.bin", len)]));
     let want = data(1 + prefix.len() as u64, len);
     let dir = tempfile::tempdir().unwrap();
-    let hot = dir.path().join("state/hot");
-    std::fs::create_dir_all(&hot).unwrap();
-    assert!(
-        Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"]).arg(&hot).status().unwrap().success()
-    );
-    struct Umount(PathBuf);
-    impl Drop for Umount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _guard = Umount(hot);
+    let _full = SmallTmpfs::at(&dir.path().join("state/hot"));
     let source = format!("s3://{}/{}", rgw.bucket, prefix.trim_end_matches('/'));
     let args = [
         "--endpoint",

@@ -171,17 +171,7 @@ fn rgw_root_full_hot_disk_reads_go_on() {
     let uploaded = rt().block_on(upload(rgw.store().as_ref(), &prefix, &[("big.bin", 6_000_000)]));
     let dir = tempfile::tempdir().unwrap();
     let hot = dir.path().join("hot");
-    std::fs::create_dir_all(&hot).unwrap();
-    let mounted =
-        std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"]).arg(&hot).status().unwrap();
-    assert!(mounted.success(), "mounting a tmpfs needs root");
-    struct Umount(std::path::PathBuf);
-    impl Drop for Umount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _guard = Umount(hot.clone());
+    let _full = SmallTmpfs::at(&hot);
     let body = format!("{}\n[tiers.hot]\npath = \"{}\"\ncapacity = \"64MiB\"\n", rgw.cold_toml(""), hot.display());
     let socket = dir.path().join("admin.sock");
     let config = dir.path().join("config.toml");

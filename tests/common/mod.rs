@@ -263,3 +263,22 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
 pub fn bytes_on_disk(dir: &Path) -> u64 {
     files_under(dir).iter().map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum()
 }
+
+/// A 1 MiB tmpfs mounted at `path` (created if missing), standing in for a full disk; unmounted
+/// on drop. Needs root.
+pub struct SmallTmpfs(PathBuf);
+
+impl SmallTmpfs {
+    pub fn at(path: &Path) -> SmallTmpfs {
+        std::fs::create_dir_all(path).unwrap();
+        let ok = Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"]).arg(path).status().unwrap();
+        assert!(ok.success(), "mounting a tmpfs needs root");
+        SmallTmpfs(path.to_path_buf())
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
