@@ -65,6 +65,10 @@ pub struct MountArgs {
     /// uploaded (`upload`) or only reported (`report`).
     #[arg(long, default_value = "upload", value_parser = ["upload", "report"])]
     leftovers: String,
+    /// Read every file through the daemon, even files whole in the hot tier (which otherwise
+    /// the kernel reads straight from a local copy, FUSE passthrough).
+    #[arg(long)]
+    no_passthrough: bool,
 }
 
 fn cold_config(a: &MountArgs) -> anyhow::Result<ColdConfig> {
@@ -116,6 +120,7 @@ pub async fn run(a: MountArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
         staging_dir: a.state_dir.join("staging"),
         upload_leftovers: a.leftovers == "upload",
         memory_budget: a.memory_budget.0,
+        passthrough: !a.no_passthrough,
     };
     let mounted =
         mount_dataset(&spec, source, cache.clone()).await.with_context(|| format!("cannot mount {}", a.source))?;
@@ -148,6 +153,7 @@ pub async fn mount_declared(agent: &strata_tiering::agent::Agent) -> Vec<strata_
             staging_dir: agent.config.state_dir.join("staging").join(i.to_string()),
             upload_leftovers: m.leftovers == "upload",
             memory_budget: m.memory_budget.0,
+            passthrough: m.passthrough,
         };
         match mount_dataset(&spec, agent.source.clone(), agent.cache.clone()).await {
             Ok(mounted) => {

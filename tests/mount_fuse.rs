@@ -6,86 +6,9 @@ mod common;
 
 use common::*;
 use std::io::{Read, Seek, SeekFrom};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-struct Mount {
-    child: Option<Child>,
-    mnt: PathBuf,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-fn mounted(mnt: &Path) -> bool {
-    let m = std::fs::read_to_string("/proc/mounts").unwrap();
-    let needle = format!(" {} fuse.strata ", mnt.display());
-    m.contains(&needle)
-}
-
-impl Mount {
-    fn start(source: &str, extra: &[&str]) -> Mount {
-        Self::start_in(tempfile::tempdir().unwrap(), source, extra)
-    }
-
-    fn start_in(dir: tempfile::TempDir, source: &str, extra: &[&str]) -> Mount {
-        let mnt = dir.path().join("mnt");
-        let _ = std::fs::create_dir(&mnt);
-        let log = dir.path().join("mount.log");
-        let child = Command::new(BIN)
-            .arg("mount")
-            .arg(source)
-            .arg(&mnt)
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .args(extra)
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut m = Mount { child: Some(child), mnt, log, _dir: dir };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !mounted(&m.mnt) {
-            if let Some(s) = m.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("strata mount exited with {s}:\n{}", m.log());
-            }
-            assert!(Instant::now() < deadline, "not mounted after 30s:\n{}", m.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        m
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.mnt.join(rel)
-    }
-
-    /// SIGTERM, then the process must exit and take its mount with it.
-    fn stop(&mut self) {
-        let mut c = self.child.take().unwrap();
-        Command::new("kill").arg("-TERM").arg(c.id().to_string()).status().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while c.try_wait().unwrap().is_none() {
-            assert!(Instant::now() < deadline, "strata mount ignored SIGTERM:\n{}", self.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        assert!(!mounted(&self.mnt), "the mount outlived its process");
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = Command::new("fusermount3").args(["-u", "-z"]).arg(&self.mnt).stderr(Stdio::null()).status();
-    }
-}
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()

@@ -101,6 +101,9 @@ pub struct FsOptions {
     pub memory_budget: u64,
     /// Largest read-ahead window per open file.
     pub max_read_ahead: u64,
+    /// Keep whole-file copies of files whose chunks are all hot, so opens can hand the kernel
+    /// a backing file (FUSE passthrough) and reads never reach us.
+    pub passthrough: bool,
 }
 
 pub struct FsCore {
@@ -118,6 +121,8 @@ pub struct FsCore {
     next_stage: std::sync::atomic::AtomicU64,
     demand: Arc<tokio::sync::Semaphore>,
     ahead: Arc<tokio::sync::Semaphore>,
+    /// Files to assemble whole-file copies of, for passthrough; one worker drains it.
+    assemble: Option<tokio::sync::mpsc::UnboundedSender<(String, Node)>>,
 }
 
 impl std::fmt::Debug for FsCore {
@@ -144,7 +149,9 @@ impl FsCore {
         inodes.by_path.insert(String::new(), ROOT);
         let next_stage = opts.staging_dir.as_deref().map(staging::next_id).unwrap_or(1);
         let chunks = (opts.memory_budget / ns.chunk_size().max(1)).max(2) as usize;
+        let assemble = opts.passthrough.then(|| crate::assemble::start(ns.clone(), cache.clone())).flatten();
         FsCore {
+            assemble,
             ns,
             cache,
             opts,
@@ -193,6 +200,15 @@ impl FsCore {
             report.push(line);
         }
         report
+    }
+
+    /// Counts an open by how its reads are served.
+    pub fn count_open(&self, mode: &'static str) {
+        self.cache.metrics().fs_opens.get_or_create(&strata_tiering::metrics::OpenLabel { mode }).inc();
+    }
+
+    pub fn passthrough_wanted(&self) -> bool {
+        self.assemble.is_some()
     }
 
     pub fn writable(&self) -> bool {
@@ -322,6 +338,43 @@ impl FsCore {
             Arc::new(Handle { ino, path, node, fetcher, staged, in_place, ahead: Mutex::new(ReadAhead::default()) });
         self.handles.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, h);
         fh
+    }
+
+    /// Whether a handle only reads a published version, and which: what may pass through.
+    pub fn read_only_version(&self, fh: u64) -> Option<String> {
+        let h = self.handle(fh).ok()?;
+        (h.staged.is_none() && !h.in_place && !h.node.version.is_empty()).then(|| h.node.version.clone())
+    }
+
+    /// The hot tier's whole-file copy of what `fh` reads, opened, for the kernel to read
+    /// directly. The open counts as an access to every chunk of the file, so the policy sees
+    /// files read this way as hot. Without a copy, asks for one to be assembled if the file is
+    /// all hot, for the next open.
+    pub fn whole_file(&self, fh: u64) -> Option<std::fs::File> {
+        let h = self.handle(fh).ok()?;
+        if !self.opts.passthrough || h.staged.is_some() || h.in_place || h.node.version.is_empty() || h.node.size == 0 {
+            return None;
+        }
+        let (whole, chunks) = crate::assemble::keys(self.ns.as_ref(), &h.path, &h.node);
+        match self.cache.open_whole(&whole) {
+            Some(f) => {
+                self.cache.touch(&chunks);
+                Some(f)
+            }
+            None => {
+                self.request_whole(&h.path, &h.node);
+                None
+            }
+        }
+    }
+
+    fn request_whole(&self, path: &str, node: &Node) {
+        if let Some(q) = &self.assemble
+            && node.size > 0
+            && !node.version.is_empty()
+        {
+            let _ = q.send((path.to_string(), node.clone()));
+        }
     }
 
     fn handle(&self, fh: u64) -> Result<Arc<Handle>, FsError> {
@@ -469,7 +522,13 @@ impl FsCore {
     /// hands the staged bytes to the hot tier as the cached copy of the new object.
     pub async fn release(&self, fh: u64) -> Result<(), FsError> {
         let Some(h) = self.handles.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh) else { return Ok(()) };
-        let Some(staged) = &h.staged else { return Ok(()) };
+        let Some(staged) = &h.staged else {
+            // A reader done with a file may have pulled all of it into the hot tier.
+            if !h.in_place {
+                self.request_whole(&h.path, &h.node);
+            }
+            return Ok(());
+        };
         let still_open = self
             .handles
             .lock()
@@ -503,6 +562,7 @@ impl FsCore {
             }
             index += 1;
         }
+        self.request_whole(&i.path, &i.node);
     }
 
     pub async fn unlink(&self, parent: u64, name: &str) -> Result<(), FsError> {
@@ -744,6 +804,7 @@ mod tests_support {
                 staging_dir: Some(dir.join("staging")),
                 memory_budget: 64 << 20,
                 max_read_ahead: 16 << 20,
+                passthrough: true,
             },
         )
     }

@@ -33,6 +33,8 @@ pub struct DatasetMount {
     pub upload_leftovers: bool,
     /// Bytes of chunk fetches in flight (reads and read-ahead).
     pub memory_budget: u64,
+    /// Files whole in the hot tier are read by the kernel straight from a local copy.
+    pub passthrough: bool,
 }
 
 /// A live mount; [`Mounted::unmount`] ends it.
@@ -71,6 +73,7 @@ pub async fn mount_dataset(
             staging_dir,
             memory_budget: spec.memory_budget,
             max_read_ahead: (spec.memory_budget / 4).clamp(2 << 20, 64 << 20),
+            passthrough: spec.passthrough,
         },
     ));
     let leftovers = core.recover_staged(spec.upload_leftovers).await;

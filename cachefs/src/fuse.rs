@@ -3,6 +3,7 @@
 
 use crate::core::{Attr, FsCore, FsError, ROOT};
 use crate::namespace::NodeKind;
+use crate::passthrough::{IoModes, Mode};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
     OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite,
@@ -27,6 +28,9 @@ pub struct StrataFs {
     ttl: KernelTtl,
     uid: u32,
     gid: u32,
+    /// The kernel agreed to passthrough at init.
+    passthrough: bool,
+    modes: Arc<IoModes>,
 }
 
 impl std::fmt::Debug for StrataFs {
@@ -37,7 +41,7 @@ impl std::fmt::Debug for StrataFs {
 
 impl StrataFs {
     pub fn new(core: Arc<FsCore>, rt: Handle, ttl: KernelTtl, uid: u32, gid: u32) -> Self {
-        StrataFs { core, rt, ttl, uid, gid }
+        StrataFs { core, rt, ttl, uid, gid, passthrough: false, modes: Arc::new(IoModes::default()) }
     }
 
     fn file_attr(&self, a: &Attr) -> FileAttr {
@@ -77,6 +81,15 @@ impl Filesystem for StrataFs {
         // O_TRUNC arrives with open, so a truncating open can start a rewrite at once.
         let _ = config.add_capabilities(fuser::InitFlags::FUSE_ATOMIC_O_TRUNC);
         let _ = config.set_max_write(1 << 20);
+        if self.core.passthrough_wanted() {
+            // Depth 1: backing files sit on a plain filesystem, and this mount may itself be an
+            // overlayfs lower layer (image layers are).
+            self.passthrough = config.add_capabilities(fuser::InitFlags::FUSE_PASSTHROUGH).is_ok()
+                && config.set_max_stack_depth(1).is_ok();
+            if !self.passthrough {
+                warn!("the kernel does not offer FUSE passthrough; every read goes through the daemon");
+            }
+        }
         Ok(())
     }
 
@@ -114,11 +127,26 @@ impl Filesystem for StrataFs {
             return reply
                 .error(errno("open", &FsError::NotSupported("appending to an existing object is not possible")));
         }
-        match self.core.open(ino.0, write, flags.0 & O_TRUNC != 0) {
+        let fh = match self.core.open(ino.0, write, flags.0 & O_TRUNC != 0) {
+            Ok(fh) => fh,
+            Err(e) => return reply.error(errno("open", &e)),
+        };
+        let version = if write { None } else { self.core.read_only_version(fh) };
+        let (mode, backing) = self.modes.open(ino.0, fh, version.as_deref(), || {
+            let file = self.passthrough.then(|| self.core.whole_file(fh)).flatten()?;
+            reply
+                .open_backing(&file)
+                .inspect_err(|e| warn!(error = %e, "registering a backing file failed; reading through the daemon"))
+                .ok()
+        });
+        self.core.count_open(mode.as_str());
+        tracing::debug!(ino = ino.0, fh, mode = mode.as_str(), "opened");
+        match (mode, backing) {
+            (Mode::Passthrough, Some(id)) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
+            (Mode::Direct, _) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO),
             // Dataset files do not change under an open handle, so the page cache may keep them.
-            Ok(fh) if !write => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-            Err(e) => reply.error(errno("open", &e)),
+            _ if !write => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            _ => reply.opened(FileHandle(fh), FopenFlags::empty()),
         }
     }
 
@@ -137,16 +165,17 @@ impl Filesystem for StrataFs {
         }
         let Some(name) = name.to_str().map(str::to_string) else { return reply.error(Errno::EINVAL) };
         let (core, ttl, uid, gid, w) = (self.core.clone(), self.ttl, self.uid, self.gid, self.core.writable());
+        let modes = self.modes.clone();
         self.rt.spawn(
             async move {
                 match core.create(parent.0, &name).await {
-                    Ok((a, fh)) => reply.created(
-                        &ttl.entry,
-                        &file_attr(&a, uid, gid, w),
-                        Generation(0),
-                        FileHandle(fh),
-                        FopenFlags::empty(),
-                    ),
+                    Ok((a, fh)) => {
+                        let flags = match modes.open(a.ino, fh, None, || None).0 {
+                            Mode::Direct => FopenFlags::FOPEN_DIRECT_IO,
+                            _ => FopenFlags::empty(),
+                        };
+                        reply.created(&ttl.entry, &file_attr(&a, uid, gid, w), Generation(0), FileHandle(fh), flags)
+                    }
                     Err(e) => reply.error(errno("create", &e)),
                 }
             }
@@ -320,6 +349,7 @@ impl Filesystem for StrataFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.modes.released(fh.0);
         let core = self.core.clone();
         self.rt.spawn(async move {
             // The kernel ignores release errors; flush already reported any upload failure to

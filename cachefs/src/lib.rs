@@ -4,12 +4,14 @@
 //! [`FsCore`] holds the filesystem logic and can be driven without the kernel; [`fuse`] is the
 //! thin fuser adapter over it; [`mount`] sets up the session.
 
+mod assemble;
 pub mod core;
 pub mod dataset;
 pub mod fuse;
 pub mod mount;
 pub mod namespace;
 pub mod objects;
+mod passthrough;
 pub mod readahead;
 pub mod staging;
 

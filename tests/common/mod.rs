@@ -9,6 +9,10 @@ use std::process::{Child, Command, Output};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub mod mount;
+#[allow(unused_imports)]
+pub use mount::{Mount, mounted};
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_strata");
 
 /// Connection facts of the test RGW, from the environment `.ci/run` sets.
@@ -154,7 +158,7 @@ impl Daemon {
         let child = Command::new(BIN)
             .args(["daemon", "--config"])
             .arg(&self.config)
-            .env("STRATA_LOG", "info")
+            .env("STRATA_LOG", std::env::var("STRATA_TEST_LOG").unwrap_or_else(|_| "info".into()))
             .env("NO_COLOR", "1")
             .stdout(log.try_clone().unwrap())
             .stderr(log)

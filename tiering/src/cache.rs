@@ -246,6 +246,26 @@ impl TieredCache {
         self.core.lock().entries.get(&key.id()).map(|e| e.tier)
     }
 
+    /// The hot tier's whole-file copy named by `key` ([`ChunkKey::whole`]), opened for reading,
+    /// if there is one. The open counts as an access.
+    pub fn open_whole(&self, key: &ChunkKey) -> Option<std::fs::File> {
+        self.core.open_whole(key)
+    }
+
+    /// Counts an access to each chunk present, without reading it.
+    pub fn touch(&self, keys: &[ChunkKey]) {
+        self.core.touch(keys)
+    }
+
+    /// Assembles the whole-file copy `key` from `chunks` when all of them are in the hot tier.
+    /// Returns whether the copy exists afterwards.
+    pub async fn build_whole(&self, key: ChunkKey, chunks: Vec<ChunkKey>) -> Result<bool, CacheError> {
+        let core = self.core.clone();
+        tokio::task::spawn_blocking(move || core.build_whole(&key, &chunks).map(|r| r.is_some()))
+            .await
+            .map_err(|e| CacheError::Task(e.to_string()))?
+    }
+
     /// Stores bytes the caller already has (e.g. a staged checkpoint) under `key`.
     pub async fn put(&self, key: ChunkKey, data: Bytes, tier: TierKind) -> Result<TierKind, CacheError> {
         let core = self.core.clone();
@@ -408,6 +428,16 @@ impl TieredCache {
             pass
         })
         .await
+    }
+
+    /// Waits, up to `limit`, until fetches of `keys` still in flight have been written into a
+    /// tier (or failed to be).
+    pub async fn settled(&self, keys: &[ChunkKey], limit: Duration) {
+        let pending: Vec<_> = {
+            let map = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+            keys.iter().filter_map(|k| map.get(&k.id()).map(|f| f.cached.clone())).collect()
+        };
+        let _ = tokio::time::timeout(limit, futures::future::join_all(pending)).await;
     }
 
     /// Waits, up to `limit`, until no background promotion is running. Returns whether it got

@@ -65,6 +65,10 @@ pub struct MountConfig {
     /// Bytes of chunk fetches in flight for this mount, reads and read-ahead together.
     #[serde(default = "default_budget")]
     pub memory_budget: ByteSize,
+    /// Files whole in the hot tier are opened with FUSE passthrough: the kernel reads a local
+    /// copy directly. The copy takes hot-tier space beside the file's chunks.
+    #[serde(default = "yes")]
+    pub passthrough: bool,
 }
 
 fn default_budget() -> ByteSize {

@@ -57,7 +57,7 @@ pub(crate) struct Reservation<'a> {
 
 impl Reservation<'_> {
     /// Hands the reserved bytes over to an entry that now counts them as used.
-    fn settle(self, ix: &mut Index) {
+    pub(crate) fn settle(self, ix: &mut Index) {
         ix.reserved[self.tier.index()] -= self.bytes;
         std::mem::forget(self);
     }
@@ -88,7 +88,7 @@ impl Core {
         self.policy.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn half_life_ms(&self) -> f64 {
+    pub(crate) fn half_life_ms(&self) -> f64 {
         self.policy().lrfu_half_life.0.as_millis() as f64
     }
 
@@ -132,7 +132,7 @@ impl Core {
     fn drop_locked(&self, ix: &mut Index, id: &KeyId, reason: &'static str) -> Option<Entry> {
         let e = ix.remove(id)?;
         if let Ok(t) = self.tier(e.tier) {
-            let path = t.chunk_path(id);
+            let path = t.entry_path(id, &e.key);
             if let Err(err) = std::fs::remove_file(&path)
                 && err.kind() != std::io::ErrorKind::NotFound
             {
@@ -152,6 +152,10 @@ impl Core {
 
     /// Looks a chunk up in hot, then warm, and returns its verified bytes.
     pub fn lookup(&self, key: &ChunkKey, id: &KeyId) -> Option<Hit> {
+        if key.is_whole() {
+            // Whole-file copies have no header to verify; they are opened, never read here.
+            return None;
+        }
         let now = now_ms();
         let half_life = self.half_life_ms();
         let (file, tier, generation, pin, disk_len) = {
@@ -293,6 +297,11 @@ impl Core {
             let Some(e) = ix.entries.get_mut(id) else { return false };
             if e.tier != from {
                 e.moving = false;
+                return false;
+            }
+            if e.key.is_whole() {
+                // A whole-file copy duplicates chunks; leaving its tier just drops it.
+                self.drop_locked(&mut ix, id, "whole-copy");
                 return false;
             }
             e.moving = true;

@@ -17,6 +17,10 @@ pub enum Identity {
     /// Bytes whose digest (e.g. `sha256:...`) is known up front. Equal digests share one entry,
     /// whatever path they were reached through.
     Digest { digest: String },
+    /// A whole object version as one contiguous file without a header, assembled from verified
+    /// chunks so the kernel can read it directly (FUSE passthrough). Derived data: it is never
+    /// moved between tiers, and a restart discards it.
+    File { version: String, size: u64 },
 }
 
 /// A chunk key: the identity plus the logical path used for policy matching.
@@ -29,6 +33,14 @@ pub struct ChunkKey {
 impl ChunkKey {
     pub fn object(path: impl Into<String>, version: impl Into<String>, index: u64, chunk_size: u64) -> Self {
         ChunkKey { path: path.into(), identity: Identity::Object { version: version.into(), index, chunk_size } }
+    }
+
+    pub fn whole(path: impl Into<String>, version: impl Into<String>, size: u64) -> Self {
+        ChunkKey { path: path.into(), identity: Identity::File { version: version.into(), size } }
+    }
+
+    pub fn is_whole(&self) -> bool {
+        matches!(self.identity, Identity::File { .. })
     }
 
     pub fn digest(path: impl Into<String>, digest: impl Into<String>) -> Self {
@@ -48,6 +60,14 @@ impl ChunkKey {
                 h.update(chunk_size.to_le_bytes());
                 h.update(index.to_le_bytes());
             }
+            Identity::File { version, size } => {
+                h.update(b"file\0");
+                h.update(self.path.as_bytes());
+                h.update(b"\0");
+                h.update(version.as_bytes());
+                h.update(b"\0");
+                h.update(size.to_le_bytes());
+            }
             // The path is left out on purpose so identical chunks dedup across layers and images.
             Identity::Digest { digest } => {
                 h.update(b"digest\0");
@@ -63,6 +83,7 @@ impl fmt::Display for ChunkKey {
         match &self.identity {
             Identity::Object { version, index, .. } => write!(f, "{}@{}#{}", self.path, version, index),
             Identity::Digest { digest } => write!(f, "{} ({digest})", self.path),
+            Identity::File { version, .. } => write!(f, "{}@{} (whole)", self.path, version),
         }
     }
 }

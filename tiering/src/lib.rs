@@ -24,6 +24,7 @@ pub mod status;
 pub mod tier;
 pub mod units;
 pub mod warmup;
+mod whole;
 
 pub use cache::{CacheConfig, Fetcher, GetOptions, Moved, PolicyPass, TieredCache};
 pub use core::Pin;

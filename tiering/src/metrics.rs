@@ -26,10 +26,18 @@ pub const COLD_FETCH_ERRORS: &str = "strata_cold_fetch_errors";
 pub const COLD_FETCH_BYTES: &str = "strata_cold_fetch_bytes";
 pub const COLD_FETCH_SECONDS: &str = "strata_cold_fetch_seconds";
 pub const COALESCED_MISSES: &str = "strata_coalesced_misses";
+pub const FS_OPENS: &str = "strata_fs_opens";
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TierLabel {
     pub tier: &'static str,
+}
+
+/// How a file opened through a mount does its reads.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpenLabel {
+    /// `passthrough` (the kernel reads a local copy), `cached` or `direct`.
+    pub mode: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -58,6 +66,7 @@ pub struct Metrics {
     pub cold_fetch_bytes: Counter<u64, AtomicU64>,
     pub cold_fetch_seconds: FetchHistogram,
     pub coalesced: Counter,
+    pub fs_opens: Family<OpenLabel, Counter>,
     /// All evictions, whatever the tier and reason; for status output.
     pub evicted_chunks: Counter,
 }
@@ -107,5 +116,10 @@ impl Metrics {
             self.cold_fetch_seconds.0.clone(),
         );
         r.register(COALESCED_MISSES, "Misses that waited on a fetch already in flight", self.coalesced.clone());
+        r.register(
+            FS_OPENS,
+            "Files opened through dataset mounts, by how their reads are served",
+            self.fs_opens.clone(),
+        );
     }
 }

@@ -39,6 +39,9 @@ pub(crate) fn rebuild_index(core: &Core) -> RebuildReport {
         };
         for item in items {
             match item {
+                ScanItem::Whole { path } => {
+                    let _ = std::fs::remove_file(&path);
+                }
                 ScanItem::Stray { path } => {
                     let _ = std::fs::remove_file(&path);
                     report.discarded += 1;

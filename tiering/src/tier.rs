@@ -136,6 +136,13 @@ impl Tier {
         self.root.join(&hex[..2]).join(hex)
     }
 
+    /// Where an entry's file lives: whole-file copies carry a suffix, so a scan can tell them
+    /// from chunk files without reading them.
+    pub fn entry_path(&self, id: &KeyId, key: &crate::ChunkKey) -> PathBuf {
+        let p = self.chunk_path(id);
+        if key.is_whole() { p.with_extension(WHOLE_EXT) } else { p }
+    }
+
     /// Writes a chunk to a temp file beside its final name, creating the fan-out directory on
     /// first use. [`Tier::commit`] renames it into place.
     pub fn write_tmp(&self, id: &KeyId, key: &crate::ChunkKey, data: &[u8]) -> io::Result<(PathBuf, u64)> {
@@ -174,6 +181,13 @@ impl Tier {
                 let path = f.path();
                 let item = match KeyId::from_hex(&name) {
                     Some(id) => ScanItem::Chunk { id, path },
+                    None if name
+                        .strip_suffix(WHOLE_EXT)
+                        .and_then(|n| n.strip_suffix('.'))
+                        .is_some_and(|n| KeyId::from_hex(n).is_some()) =>
+                    {
+                        ScanItem::Whole { path }
+                    }
                     None => ScanItem::Stray { path },
                 };
                 out.push(item);
@@ -189,6 +203,18 @@ impl Tier {
 
 #[derive(Debug)]
 pub enum ScanItem {
-    Chunk { id: KeyId, path: PathBuf },
-    Stray { path: PathBuf },
+    Chunk {
+        id: KeyId,
+        path: PathBuf,
+    },
+    Stray {
+        path: PathBuf,
+    },
+    /// A whole-file copy: derived from chunks, so a restart discards it rather than trust it.
+    Whole {
+        path: PathBuf,
+    },
 }
+
+/// Extension of whole-file copies.
+pub(crate) const WHOLE_EXT: &str = "file";

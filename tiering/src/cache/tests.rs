@@ -335,3 +335,63 @@ fn a_second_cache_on_the_same_state_dir_is_refused() {
     drop(first);
     open(dir.path(), 1 << 20, None, Policy::default());
 }
+
+#[tokio::test]
+async fn whole_file_copies_are_built_from_hot_chunks_only_and_never_survive_a_restart() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path(), 1 << 20, Some(1 << 20), Policy::default());
+    let f = fetcher(CHUNK);
+    let chunks: Vec<ChunkKey> = (0..3).map(|i| key("w", i)).collect();
+    let whole = ChunkKey::whole("w", "v1", 3 * CHUNK as u64);
+    // Not every chunk is cached yet: no copy.
+    c.get(&chunks[0], f.clone(), W).await.unwrap();
+    assert!(!c.build_whole(whole.clone(), chunks.clone()).await.unwrap());
+    assert!(c.open_whole(&whole).is_none());
+    for k in &chunks {
+        c.get(k, f.clone(), W).await.unwrap();
+    }
+    assert!(c.build_whole(whole.clone(), chunks.clone()).await.unwrap());
+    let mut got = Vec::new();
+    c.open_whole(&whole).unwrap().read_to_end(&mut got).unwrap();
+    let want: Vec<u8> = chunks.iter().flat_map(|k| bytes_for(k, CHUNK).to_vec()).collect();
+    assert_eq!(got, want, "the copy is the chunks' bytes, in order, with no header");
+    let hot = c.status().tier(TierKind::Hot).unwrap().used;
+    assert_eq!(hot, chunks.iter().map(disk).sum::<u64>() + 3 * CHUNK as u64, "the copy counts against the tier");
+
+    // Demotion drops the copy instead of moving it, and warm never holds one.
+    c.demote(Some(Duration::ZERO)).await.unwrap();
+    assert!(c.open_whole(&whole).is_none());
+    assert!(walk(&dir.path().join("warm")).iter().all(|p| p.extension().is_none_or(|e| e != "file")));
+
+    // Back in hot, rebuilt, then a restart: the copy is gone from disk and from the index.
+    for k in &chunks {
+        c.get(k, f.clone(), W).await.unwrap();
+    }
+    c.wait_background(Duration::from_secs(5)).await;
+    assert!(c.build_whole(whole.clone(), chunks.clone()).await.unwrap());
+    drop(c);
+    let c = open(dir.path(), 1 << 20, Some(1 << 20), Policy::default());
+    assert!(c.open_whole(&whole).is_none());
+    assert!(walk(&dir.path().join("hot")).iter().all(|p| p.extension().is_none_or(|e| e != "file")));
+}
+
+#[tokio::test]
+async fn a_damaged_chunk_stops_the_whole_file_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path(), 1 << 20, None, Policy::default());
+    let f = fetcher(CHUNK);
+    let chunks: Vec<ChunkKey> = (0..2).map(|i| key("d", i)).collect();
+    for k in &chunks {
+        c.get(k, f.clone(), W).await.unwrap();
+    }
+    let victim = walk(&dir.path().join("hot")).into_iter().find(|p| p.ends_with(chunks[1].id().to_hex())).unwrap();
+    let mut bytes = std::fs::read(&victim).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&victim, bytes).unwrap();
+    let whole = ChunkKey::whole("d", "v1", 2 * CHUNK as u64);
+    assert!(!c.build_whole(whole.clone(), chunks).await.unwrap());
+    assert!(c.open_whole(&whole).is_none());
+    assert!(walk(&dir.path().join("hot")).iter().all(|p| !p.to_string_lossy().contains("whole")));
+}

@@ -1,0 +1,581 @@
+#!/usr/bin/env bash
+# System benchmark of `strata mount` against its peers over one Ceph RGW on loopback:
+#   cold   1 file sequential read, cold: s3fs, rclone, strata, raw parallel ranged GETs (raw_s3)
+#   warm   the same file from strata's hot tier (passthrough, and --no-passthrough) vs a local copy
+#   random fio 256 KiB random reads, warm, strata vs the local copy
+#   meta   find + stat over FILES small objects: s3fs, rclone, strata, cold and cached
+#   ckpt   a checkpoint written through strata (dd conv=fsync, mv) vs a raw multipart upload
+# and prints a markdown table of the figures and ratios, also written to target/bench-cachefs.md.
+#
+#   bash benches/cachefs.sh
+#
+# Env: SIZE_MB=1024 (read object), FILES=100000 (meta objects), CKPT_MB=4096 (checkpoint),
+#      ONLY=cold,warm,random,meta,ckpt (subset), FIO_RUNTIME=20 (s per fio run),
+#      BENCH_DIR (scratch dir, default a new /var/tmp/strata-bench.XXXXXX; strata's state dir and
+#      the local copies live there, so they share a disk), TIMEOUT=1800 (s per timed operation),
+#      STRATA_CHUNK=8MiB (strata's --chunk-size for the read benches),
+#      SKIP_BUILD=1 (use the binaries already in target/release), KEEP=1 (keep the scratch dir).
+# Runs as root with /dev/fuse. The Ceph packages come from tests/run-all.sh (run it once first);
+# s3fs, rclone, fuse3 and fio are installed here if missing. Progress goes to stderr; the table
+# is the only thing on stdout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+SIZE_MB=${SIZE_MB:-1024} FILES=${FILES:-100000} CKPT_MB=${CKPT_MB:-4096}
+ONLY=${ONLY:-cold,warm,random,meta,ckpt} FIO_RUNTIME=${FIO_RUNTIME:-20} TIMEOUT=${TIMEOUT:-1800}
+STRATA_CHUNK=${STRATA_CHUNK:-8MiB}
+MOUNT_TIMEOUT=60
+for v in SIZE_MB FILES CKPT_MB FIO_RUNTIME TIMEOUT; do
+  [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "$v must be a positive integer, got '${!v}'" >&2; exit 2; }
+done
+for b in ${ONLY//,/ }; do
+  [[ $b =~ ^(cold|warm|random|meta|ckpt)$ ]] || { echo "ONLY: unknown bench '$b'" >&2; exit 2; }
+done
+want() { [[ ,$ONLY, == *,$1,* ]]; }
+
+BUCKET=strata-test AK=strata-test SK=strata-test-secret
+URL=http://127.0.0.1:${RGW_PORT:-7480}
+export STRATA_TEST_S3_ENDPOINT=$URL STRATA_TEST_S3_BUCKET=$BUCKET
+export AWS_ACCESS_KEY_ID=$AK AWS_SECRET_ACCESS_KEY=$SK AWS_REGION=us-east-1
+BIG_BYTES=$((SIZE_MB << 20)) CKPT_BYTES=$((CKPT_MB << 20))
+
+log() { printf '%(%H:%M:%S)T == %s\n' -1 "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+[[ $(id -u) == 0 ]] || die "run as root (mounts, drop_caches)"
+[[ -c /dev/fuse ]] || die "/dev/fuse is missing"
+if ! command -v radosgw >/dev/null || ! command -v ceph-mon >/dev/null; then
+  die "Ceph is not installed: run tests/run-all.sh once first (it installs the packages)"
+fi
+
+need=()
+command -v s3fs >/dev/null || need+=(s3fs)
+command -v rclone >/dev/null || need+=(rclone)
+command -v fusermount3 >/dev/null || need+=(fuse3)
+command -v fio >/dev/null || need+=(fio)
+command -v curl >/dev/null || need+=(curl)
+if ((${#need[@]})); then
+  log "installing ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+WORK=${BENCH_DIR:-$(mktemp -d /var/tmp/strata-bench.XXXXXX)}
+mkdir -p "$WORK"/{bin,logs,results,mnt}
+WORK=$(realpath "$WORK")
+[[ -z $(ls -A "$WORK/results") ]] || die "$WORK holds results of an earlier run; pick a new BENCH_DIR"
+RGW_DIR=$(mktemp -d /tmp/strata-rgw-bench.XXXXXX)
+BIN=$WORK/bin
+: >"$WORK/mounts"
+
+# --- mounts and cleanup ------------------------------------------------------------------------
+# Every FUSE daemon is recorded as "PID MOUNTPOINT" in $WORK/mounts; all mountpoints lie under
+# $WORK, which is also in each daemon's argv, so a recycled pid is never signalled.
+is_mounted() { grep -qs " $1 fuse" /proc/self/mounts; }
+# running PID: the process exists and has not exited (a zombie counts as exited).
+running() {
+  local st
+  st=$(sed -E 's/.*\) (.).*/\1/' "/proc/$1/stat" 2>/dev/null) || return 1
+  [[ -n $st && $st != Z ]]
+}
+# alive PID: running, and one of ours. Only for a daemon seen mounted: until it has exec'd,
+# its argv is still this script's.
+alive() { running "$1" && grep -qzF -- "$WORK" "/proc/$1/cmdline" 2>/dev/null; }
+
+# stop_mount PID MNT: SIGTERM (every tool here unmounts itself on it), up to 60 s for a clean
+# exit (strata flushes its cache index), then SIGKILL and a lazy unmount.
+stop_mount() {
+  local pid=$1 mnt=$2 i
+  alive "$pid" && kill -TERM "$pid" 2>/dev/null
+  for ((i = 0; i < 600; i++)); do
+    alive "$pid" || break
+    sleep 0.1
+  done
+  if alive "$pid"; then
+    log "WARNING: pid $pid ($mnt) ignored SIGTERM for 60 s; killing it"
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  if is_mounted "$mnt"; then
+    fusermount3 -u -z "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
+  fi
+  ! is_mounted "$mnt"
+}
+
+stop_all_mounts() {
+  local pid mnt
+  while read -r pid mnt; do
+    if [[ -n $pid ]] && { alive "$pid" || is_mounted "$mnt"; }; then
+      stop_mount "$pid" "$mnt" || log "WARNING: could not unmount $mnt"
+    fi
+  done <"$WORK/mounts"
+  return 0
+}
+
+descendants() {
+  local c
+  for c in $(ps -o pid= --ppid "$1"); do
+    echo "$c"
+    descendants "$c"
+  done
+}
+
+cleanup() {
+  local rc=$?
+  set +e
+  if [[ -n $STEP_PID ]]; then # interrupted mid-step: stop the step and all it runs (dd, fio, daemons)
+    # shellcheck disable=SC2046
+    kill -TERM "$STEP_PID" $(descendants "$STEP_PID") 2>/dev/null
+  fi
+  stop_all_mounts
+  bash "$ROOT/tests/infra/rgw.sh" stop "$RGW_DIR" >/dev/null 2>&1
+  if grep -qs " $WORK/" /proc/self/mounts; then
+    log "WARNING: something is still mounted under $WORK; leaving it in place"
+  elif [[ -n ${KEEP:-} ]]; then
+    log "kept $WORK"
+  else
+    rm -rf --one-file-system "$WORK"
+  fi
+  exit "$rc"
+}
+STEP_PID=
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# wait_mounted PID MNT LOG
+wait_mounted() {
+  local pid=$1 mnt=$2 logf=$3 i
+  for ((i = 0; i < MOUNT_TIMEOUT * 10; i++)); do
+    is_mounted "$mnt" && return 0
+    if ! running "$pid"; then
+      log "mounting $mnt failed; tail of $logf:"
+      tail -n 20 "$logf" >&2
+      return 1
+    fi
+    sleep 0.1
+  done
+  log "$mnt not mounted after ${MOUNT_TIMEOUT}s; tail of $logf:"
+  tail -n 20 "$logf" >&2
+  return 1
+}
+
+# Each start_* sets MPID and MNT. The cache or state directory of the tool is wiped unless the
+# caller says to keep it (strata's warm runs).
+S3FS_OPTS=url=$URL,use_path_request_style,endpoint=us-east-1,passwd_file=$WORK/s3fs.passwd
+# Reads: 8 ranged GETs of 8 MB in flight (prefetch is parallel_count x multipart_size), as raw_s3
+# get. Metadata: a stat cache big enough for the whole tree, kept 300 s like the others, negative
+# entries cached, 32 HEADs in flight per listing, and the kernel trusting attributes 300 s.
+S3FS_OPTS+=,parallel_count=8,multipart_size=8,max_stat_cache_size=400000,stat_cache_expire=300
+S3FS_OPTS+=,enable_noobj_cache,multireq_max=32,attr_timeout=300,entry_timeout=300
+start_s3fs() {
+  MNT=$WORK/mnt/$1
+  mkdir -p "$MNT"
+  rm -rf "$WORK/s3fs-tmp" && mkdir -p "$WORK/s3fs-tmp"
+  s3fs "$BUCKET" "$MNT" -f -o "$S3FS_OPTS,tmpdir=$WORK/s3fs-tmp" >>"$WORK/logs/s3fs-$1.log" 2>&1 &
+  MPID=$!
+  echo "$MPID $MNT" >>"$WORK/mounts"
+  wait_mounted "$MPID" "$MNT" "$WORK/logs/s3fs-$1.log"
+}
+
+# VFS cache mode full (rclone's recommended mode for reading files as files), a larger read-ahead
+# and buffer, listings and attributes kept 300 s, and the listing's modification time instead of
+# one HEAD per file for its metadata mtime.
+RCLONE_OPTS=(--vfs-cache-mode full --vfs-read-ahead 256M --buffer-size 32M
+  --dir-cache-time 300s --attr-timeout 300s --use-server-modtime)
+start_rclone() {
+  MNT=$WORK/mnt/$1
+  mkdir -p "$MNT"
+  rm -rf "$WORK/rclone-cache"
+  env -u AWS_CA_BUNDLE RCLONE_CONFIG="$WORK/rclone.conf" rclone mount "bench:$BUCKET" "$MNT" \
+    --cache-dir "$WORK/rclone-cache" "${RCLONE_OPTS[@]}" \
+    --log-level NOTICE </dev/null >>"$WORK/logs/rclone-$1.log" 2>&1 &
+  MPID=$!
+  echo "$MPID $MNT" >>"$WORK/mounts"
+  wait_mounted "$MPID" "$MNT" "$WORK/logs/rclone-$1.log"
+}
+
+# start_strata NAME STATE keep|fresh ARGS...
+start_strata() {
+  local name=$1 state=$WORK/$2 keep=$3
+  shift 3
+  MNT=$WORK/mnt/$name
+  mkdir -p "$MNT"
+  [[ $keep == keep ]] || rm -rf "$state"
+  "$BIN/strata" mount "s3://$BUCKET" "$MNT" --state-dir "$state" --endpoint "$URL" \
+    --hot-capacity 8GiB "$@" </dev/null >>"$WORK/logs/strata-$name.log" 2>&1 &
+  MPID=$!
+  echo "$MPID $MNT" >>"$WORK/mounts"
+  wait_mounted "$MPID" "$MNT" "$WORK/logs/strata-$name.log"
+}
+STRATA_READ=(--immutable --chunk-size "$STRATA_CHUNK")
+
+# --- measuring ---------------------------------------------------------------------------------
+drop_caches() { sync && echo 3 >/proc/sys/vm/drop_caches; }
+result() { echo "$2" >"$WORK/results/$1"; log "result $1 = $2"; }
+# mibs BYTES SECONDS
+mibs() { awk -v b="$1" -v s="$2" 'BEGIN { printf "%.1f", b / 1048576 / s }'; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
+
+# read_mibs FILE: prints the MiB/s of one dd of FILE, which must be BIG_BYTES long.
+read_mibs() {
+  local t0 t1 out bytes
+  t0=$EPOCHREALTIME
+  out=$(timeout -k 10 "$TIMEOUT" dd if="$1" of=/dev/null bs=4M 2>&1) || { log "dd $1 failed: $out"; return 1; }
+  t1=$EPOCHREALTIME
+  bytes=$(awk '/bytes/ { print $1; exit }' <<<"$out")
+  [[ $bytes == "$BIG_BYTES" ]] || { log "dd $1 read ${bytes:-?} bytes, expected $BIG_BYTES"; return 1; }
+  mibs "$bytes" "$(elapsed "$t0" "$t1")"
+}
+
+# fio_mibs FILE: bandwidth of random 256 KiB reads of FILE, in MiB/s.
+fio_mibs() {
+  local out kib ms err
+  out=$(timeout -k 10 $((FIO_RUNTIME + 120)) fio --name=rand --filename="$1" --readonly --rw=randread \
+    --bs=256k --size="${SIZE_MB}M" --direct=0 --runtime="$FIO_RUNTIME" --time_based \
+    --ioengine=psync --numjobs=1 --minimal) || { log "fio $1 failed: $out"; return 1; }
+  # terse v3: field 6 = KiB read, field 9 = read runtime in ms; field 5 = error.
+  IFS=';' read -r _ _ _ _ err kib _ _ ms _ < <(grep '^3;' <<<"$out" | tail -n1)
+  [[ $err == 0 && $kib -gt 0 && $ms -gt 0 ]] || { log "fio $1: error=$err kib=$kib ms=$ms"; return 1; }
+  awk -v k="$kib" -v m="$ms" 'BEGIN { printf "%.1f", k / 1024 / (m / 1000) }'
+}
+
+# find_secs DIR: seconds of a find that stats every file under DIR; checks count and sizes.
+find_secs() {
+  local t0 t1 got
+  t0=$EPOCHREALTIME
+  got=$(timeout -k 10 "$TIMEOUT" find "$1" -type f -printf '%s\n' | awk '{ n++; s += $1 } END { print n + 0, s + 0 }')
+  t1=$EPOCHREALTIME
+  if [[ $got != "$FILES $((FILES * 1024))" ]]; then
+    log "WRONG LISTING under $1: $got (files bytes), expected $FILES $((FILES * 1024))"
+    echo "WRONG LISTING: ${got% *} files, ${got#* } bytes" >"$WORK/listing"
+    return 1
+  fi
+  elapsed "$t0" "$t1"
+}
+
+s3() {
+  curl -sS -m 600 --fail-with-body --aws-sigv4 "aws:amz:us-east-1:s3" --user "$AK:$SK" \
+    -H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' "$@"
+}
+# s3_size KEY: Content-Length of the object, or nothing if it does not exist.
+s3_size() {
+  { s3 -I "$URL/$BUCKET/$1" 2>/dev/null || true; } | tr -d '\r' |
+    awk 'NR == 1 && $2 != 200 { exit } tolower($1) == "content-length:" { print $2 }'
+}
+
+# step NAME FUNCTION: runs FUNCTION in a subshell with errexit, so a failing tool is reported
+# and the others still run; whatever it left mounted is unmounted afterwards. The subshell runs
+# in the background so that a signal to this script is handled at once (see cleanup).
+step() {
+  local name=$1 rc
+  shift
+  log "--- $name"
+  set +e
+  (
+    set -eE
+    trap 'log "$name: failed at line $LINENO: $BASH_COMMAND"' ERR
+    "$@"
+  ) &
+  STEP_PID=$!
+  wait "$STEP_PID"
+  rc=$?
+  STEP_PID=
+  set -e
+  if ((rc != 0)); then
+    log "FAILED: $name (exit $rc); see $WORK/logs"
+    echo "$name" >>"$WORK/failed"
+  fi
+  stop_all_mounts
+}
+
+# --- the benches -------------------------------------------------------------------------------
+cold_fs() { # TOOL
+  "start_$1" "cold-$1" "${@:2}"
+  drop_caches
+  local r
+  r=$(read_mibs "$MNT/bench/big.bin")
+  stop_mount "$MPID" "$MNT"
+  result "cold.$1" "$r"
+}
+cold_s3fs() { cold_fs s3fs; }
+cold_rclone() { cold_fs rclone; }
+cold_strata() {
+  rm -f "$WORK/strata-seq.primed"
+  cold_fs strata strata-seq fresh "${STRATA_READ[@]}"
+  touch "$WORK/strata-seq.primed"
+}
+cold_raw() {
+  drop_caches
+  local out
+  out=$(timeout -k 10 "$TIMEOUT" "$BIN/raw_s3" get "$BUCKET" bench/big.bin --parallel 8 --chunk 8MiB)
+  read -r bytes secs <<<"$out"
+  [[ $bytes == "$BIG_BYTES" ]] || { log "raw get read $bytes bytes, expected $BIG_BYTES"; return 1; }
+  result cold.raw "$(mibs "$bytes" "$secs")"
+}
+
+# The hot tier of strata-seq holds big.bin after a full read (the cold bench's, or this one).
+prime_strata() {
+  [[ -f $WORK/strata-seq.primed ]] && return 0
+  log "priming strata's hot tier with bench/big.bin"
+  start_strata prime strata-seq fresh "${STRATA_READ[@]}"
+  read_mibs "$MNT/bench/big.bin" >/dev/null
+  stop_mount "$MPID" "$MNT"
+  touch "$WORK/strata-seq.primed"
+}
+
+# GETs of bench/big.bin that RGW has served so far, from its access log.
+big_gets() { grep -c "\"GET /$BUCKET/bench/big.bin " "$RGW_DIR/log/client.rgw.a.log" 2>/dev/null || true; }
+
+# warm_strata KEY MEASURE ARGS...: remount on the primed state dir, page cache dropped, measure;
+# then, page cache dropped again, measure a second open on the same mount (KEY.again): a mount
+# may set a file up for passthrough only once it has opened it.
+# A warm read should not touch the store: GETs of big.bin during it are counted and reported.
+warm_strata() {
+  local key=$1 measure=$2 r r2 gets
+  shift 2
+  prime_strata
+  drop_caches
+  start_strata "$key" strata-seq keep "${STRATA_READ[@]}" "$@"
+  gets=$(big_gets)
+  r=$("$measure" "$MNT/bench/big.bin")
+  drop_caches
+  r2=$("$measure" "$MNT/bench/big.bin")
+  gets=$(($(big_gets) - gets))
+  log "state dir holds $(du -sm "$WORK/strata-seq" | cut -f1) MiB; $gets GETs of big.bin from the store"
+  stop_mount "$MPID" "$MNT"
+  ((gets == 0)) || r+=" ($gets store GETs)"
+  result "$key" "$r"
+  result "$key.again" "$r2"
+}
+warm_local() { drop_caches; result warm.local "$(read_mibs "$WORK/big.bin")"; }
+warm_pt() { warm_strata warm.strata_pt read_mibs; }
+warm_nopt() { warm_strata warm.strata_nopt read_mibs --no-passthrough; }
+random_local() { drop_caches; result random.local "$(fio_mibs "$WORK/big.bin")"; }
+random_pt() { warm_strata random.strata_pt fio_mibs; }
+random_nopt() { warm_strata random.strata_nopt fio_mibs --no-passthrough; }
+
+meta_fs() { # TOOL ARGS...
+  local cold cached
+  drop_caches
+  "start_$1" "meta-$1" "${@:2}"
+  cold=$(find_secs "$MNT/bench/many") || { result "meta.cold.$1" "$(cat "$WORK/listing")"; return 1; }
+  cached=$(find_secs "$MNT/bench/many") || { result "meta.cached.$1" "$(cat "$WORK/listing")"; return 1; }
+  stop_mount "$MPID" "$MNT"
+  result "meta.cold.$1" "$cold"
+  result "meta.cached.$1" "$cached"
+}
+meta_s3fs() { meta_fs s3fs; }
+meta_rclone() { meta_fs rclone; }
+meta_strata() { meta_fs strata strata-meta fresh --metadata-ttl 300s; }
+
+ckpt_strata() {
+  local t0 t1 out
+  start_strata ckpt strata-ckpt fresh --part-size 16MiB --upload-parallel 4
+  drop_caches
+  t0=$EPOCHREALTIME
+  out=$(timeout -k 10 "$TIMEOUT" dd if="$WORK/ckpt.src" of="$MNT/bench/ckpt.tmp" bs=4M conv=fsync 2>&1) ||
+    { log "dd into strata failed: $out"; return 1; }
+  timeout -k 10 "$TIMEOUT" mv "$MNT/bench/ckpt.tmp" "$MNT/bench/ckpt.bin"
+  # End to end means in the store: wait until the object is there in full.
+  until [[ $(s3_size bench/ckpt.bin) == "$CKPT_BYTES" ]]; do
+    (($(elapsed "$t0" "$EPOCHREALTIME" | cut -d. -f1) < TIMEOUT)) || { log "bench/ckpt.bin never reached the store"; return 1; }
+    sleep 0.05
+  done
+  t1=$EPOCHREALTIME
+  stop_mount "$MPID" "$MNT"
+  [[ -z $(s3_size bench/ckpt.tmp) ]] || log "WARNING: bench/ckpt.tmp is still in the store after the mv"
+  s3 "$URL/$BUCKET/bench/ckpt.bin" | cmp - "$WORK/ckpt.src" || { log "bench/ckpt.bin differs from the source"; return 1; }
+  s3 -X DELETE "$URL/$BUCKET/bench/ckpt.bin" >/dev/null
+  result ckpt.strata "$(elapsed "$t0" "$t1")"
+}
+ckpt_raw() {
+  local out bytes secs
+  drop_caches
+  out=$(timeout -k 10 "$TIMEOUT" "$BIN/raw_s3" put "$BUCKET" bench/ckpt-raw.bin "$WORK/ckpt.src" --part 16MiB --parallel 4)
+  read -r bytes secs <<<"$out"
+  [[ $bytes == "$CKPT_BYTES" && $(s3_size bench/ckpt-raw.bin) == "$CKPT_BYTES" ]] ||
+    { log "raw put wrote $bytes bytes, expected $CKPT_BYTES"; return 1; }
+  s3 -X DELETE "$URL/$BUCKET/bench/ckpt-raw.bin" >/dev/null
+  result ckpt.raw "$(printf '%.3f' "$secs")"
+}
+
+# --- build, start, upload ----------------------------------------------------------------------
+if [[ -z ${SKIP_BUILD:-} ]]; then
+  log "building strata and the raw_s3 bench (release)"
+  # Built with the release profile so they share dependencies with target/release/strata.
+  cargo build --release --locked --bins --bench raw_s3 --message-format=json-render-diagnostics \
+    >"$WORK/logs/build.json" || die "build failed (SKIP_BUILD=1 runs the binaries already built)"
+fi
+RAW=
+if [[ -f $WORK/logs/build.json ]]; then
+  RAW=$(sed -n 's/.*"executable":"\([^"]*\/raw_s3-[^"]*\)".*/\1/p' "$WORK/logs/build.json" | tail -n1)
+else # SKIP_BUILD: the newest raw_s3 bench executable
+  for f in target/release/deps/raw_s3-*; do
+    if [[ -x $f && ! -d $f && $f -nt ${RAW:-/nonexistent} ]]; then RAW=$f; fi
+  done
+fi
+[[ -x ${RAW:-} && -x target/release/strata ]] || die "no built strata / raw_s3 binary"
+# Copies, so a concurrent build cannot swap a binary under the benchmark.
+cp "$RAW" "$BIN/raw_s3"
+cp target/release/strata "$BIN/strata"
+help=$("$BIN/strata" mount --help 2>&1 || true)
+if [[ $help == *--no-passthrough* ]]; then HAVE_NOPT=1; else HAVE_NOPT=; fi
+
+log "starting Ceph RGW"
+bash tests/infra/rgw.sh start "$RGW_DIR" >&2
+
+printf '%s:%s\n' "$AK" "$SK" >"$WORK/s3fs.passwd"
+chmod 600 "$WORK/s3fs.passwd"
+cat >"$WORK/rclone.conf" <<EOF
+[bench]
+type = s3
+provider = Ceph
+env_auth = false
+access_key_id = $AK
+secret_access_key = $SK
+region = us-east-1
+endpoint = $URL
+EOF
+
+# A directory marker-free tree: bench/ exists as the prefix of bench/.keep. A small multipart
+# upload first, so RGW has created its multipart pools before anything is timed.
+s3 -X PUT --data-binary keep "$URL/$BUCKET/bench/.keep" >/dev/null
+head -c $((6 << 20)) /dev/zero >"$WORK/warmup.bin"
+"$BIN/raw_s3" put "$BUCKET" bench/warmup.bin "$WORK/warmup.bin" >/dev/null
+s3 -X DELETE "$URL/$BUCKET/bench/warmup.bin" >/dev/null
+rm -f "$WORK/warmup.bin"
+
+if want cold || want warm || want random; then
+  log "writing and uploading bench/big.bin ($SIZE_MB MiB)"
+  head -c "$BIG_BYTES" /dev/urandom >"$WORK/big.bin"
+  out=$("$BIN/raw_s3" put "$BUCKET" bench/big.bin "$WORK/big.bin")
+  log "uploaded in ${out#* } s"
+fi
+if want meta; then
+  log "uploading $FILES objects under bench/many/"
+  out=$("$BIN/raw_s3" put-many "$BUCKET" bench/many "$FILES" --size 1024 --parallel 64)
+  log "uploaded in ${out#* } s"
+fi
+if want ckpt; then
+  log "writing the $CKPT_MB MiB checkpoint source"
+  head -c "$CKPT_BYTES" /dev/urandom >"$WORK/ckpt.src"
+fi
+
+if want cold; then
+  for t in s3fs rclone strata raw; do step "cold read: $t" "cold_$t"; done
+fi
+if want warm; then
+  step "warm read: local" warm_local
+  step "warm read: strata" warm_pt
+  [[ -z $HAVE_NOPT ]] || step "warm read: strata --no-passthrough" warm_nopt
+fi
+if want random; then
+  step "random read: local" random_local
+  step "random read: strata" random_pt
+  [[ -z $HAVE_NOPT ]] || step "random read: strata --no-passthrough" random_nopt
+fi
+if want meta; then
+  for t in s3fs rclone strata; do step "find+stat: $t" "meta_$t"; done
+fi
+if want ckpt; then
+  step "checkpoint: strata" ckpt_strata
+  step "checkpoint: raw" ckpt_raw
+fi
+
+# --- report ------------------------------------------------------------------------------------
+# get KEY: the figure, or "failed" / "n/a".
+get() {
+  if [[ -s $WORK/results/$1 ]]; then cat "$WORK/results/$1"
+  elif [[ $1 == *nopt && -z $HAVE_NOPT ]]; then echo n/a
+  else echo failed; fi
+}
+# num X: X starts with a figure (a note may follow it, as in "812.3 (4 store GETs)").
+num() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?( |$) ]]; }
+# ratio A B: A / B to 2 places, or n/a.
+ratio() {
+  if num "$1" && num "$2"; then
+    awk -v a="${1%% *}" -v b="${2%% *}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'
+  else echo n/a; fi
+}
+# meets RATIO GOAL: yes / no / n/a.
+meets() { if num "$1"; then awk -v r="${1%% *}" -v g="$2" 'BEGIN { print (r >= g ? "yes" : "no") }'; else echo n/a; fi; }
+# best of the peers: the higher MiB/s (or, with "min", the lower seconds), ignoring failures.
+best() {
+  local mode=$1 b="" v
+  shift
+  for v in "$@"; do
+    num "$v" || continue
+    if [[ -z $b ]] || awk -v v="$v" -v b="$b" -v m="$mode" 'BEGIN { exit !(m == "max" ? v > b : v < b) }'; then b=$v; fi
+  done
+  echo "${b:-failed}"
+}
+
+env_prefix=""
+[[ $SIZE_MB == 1024 ]] || env_prefix+="SIZE_MB=$SIZE_MB "
+[[ $FILES == 100000 ]] || env_prefix+="FILES=$FILES "
+[[ $CKPT_MB == 4096 ]] || env_prefix+="CKPT_MB=$CKPT_MB "
+[[ $ONLY == cold,warm,random,meta,ckpt ]] || env_prefix+="ONLY=$ONLY "
+[[ $FIO_RUNTIME == 20 ]] || env_prefix+="FIO_RUNTIME=$FIO_RUNTIME "
+[[ $STRATA_CHUNK == 8MiB ]] || env_prefix+="STRATA_CHUNK=$STRATA_CHUNK "
+rev=$(git rev-parse --short HEAD 2>/dev/null || echo '?')
+[[ -z $(git status --porcelain --untracked-files=no 2>/dev/null) ]] || rev+=" (with uncommitted changes)"
+
+report() {
+  local s3fs rclone strata raw local_ pt nopt peer r1 r2 sc scc
+  echo "## strata mount vs peers over Ceph RGW on loopback"
+  echo
+  echo "strata $rev, s3fs $(s3fs --version 2>/dev/null | grep -o 'V[0-9.]*' | head -n1), $(rclone version 2>/dev/null | head -n1), $(nproc) cores, $(date -u +%F); strata reads with --chunk-size $STRATA_CHUNK."
+  echo "Reproduce: \`${env_prefix}bash benches/cachefs.sh\`"
+  echo
+  echo "| bench | baseline(s) | strata | ratio | goal | met |"
+  echo "| --- | --- | --- | --- | --- | --- |"
+  if want cold; then
+    s3fs=$(get cold.s3fs) rclone=$(get cold.rclone) strata=$(get cold.strata) raw=$(get cold.raw)
+    peer=$(best max "$s3fs" "$rclone")
+    r1=$(ratio "$strata" "$peer") r2=$(ratio "$strata" "$raw")
+    local met=no
+    [[ $(meets "$r1" 1.2) == yes && $(meets "$r2" 0.9) == yes ]] && met=yes
+    num "$r1" && num "$r2" || met=n/a
+    echo "| cold sequential read, $SIZE_MB MiB (MiB/s) | s3fs $s3fs, rclone $rclone, raw GET x8 $raw | $strata | $r1 x best peer, $r2 x raw | >= 1.2 x best peer and >= 0.9 x raw | $met |"
+  fi
+  if want warm; then
+    local_=$(get warm.local) pt=$(get warm.strata_pt) nopt=$(get warm.strata_nopt)
+    r1=$(ratio "$pt" "$local_") r2=$(ratio "$nopt" "$local_")
+    echo "| warm sequential read, passthrough (MiB/s) | local file $local_ | $pt | $r1 | >= 0.95 | $(meets "$r1" 0.95) |"
+    echo "| warm sequential read, --no-passthrough (MiB/s) | local file $local_ | $nopt | $r2 | - | - |"
+    pt=$(get warm.strata_pt.again)
+    echo "| (info) warm sequential read, passthrough, 2nd open on the same mount (MiB/s) | local file $local_ | $pt | $(ratio "$pt" "$local_") | - | - |"
+  fi
+  if want random; then
+    local_=$(get random.local) pt=$(get random.strata_pt) nopt=$(get random.strata_nopt)
+    r1=$(ratio "$pt" "$local_") r2=$(ratio "$nopt" "$local_")
+    echo "| random 256 KiB reads, warm, passthrough (MiB/s) | local file $local_ | $pt | $r1 | >= 0.8 | $(meets "$r1" 0.8) |"
+    echo "| random 256 KiB reads, warm, --no-passthrough (MiB/s) | local file $local_ | $nopt | $r2 | >= 0.8 | $(meets "$r2" 0.8) |"
+    pt=$(get random.strata_pt.again)
+    echo "| (info) random 256 KiB reads, passthrough, 2nd open on the same mount (MiB/s) | local file $local_ | $pt | $(ratio "$pt" "$local_") | - | - |"
+  fi
+  if want meta; then
+    for m in cold cached; do
+      s3fs=$(get "meta.$m.s3fs") rclone=$(get "meta.$m.rclone") strata=$(get "meta.$m.strata")
+      peer=$(best min "$s3fs" "$rclone")
+      echo "| find + stat, $FILES files, $m (s) | s3fs $s3fs, rclone $rclone | $strata | $(ratio "$peer" "$strata") (best peer time / strata time) | - | - |"
+    done
+  fi
+  if want ckpt; then
+    raw=$(get ckpt.raw) strata=$(get ckpt.strata)
+    sc=$(num "$raw" && mibs "$CKPT_BYTES" "$raw" || echo '-')
+    scc=$(num "$strata" && mibs "$CKPT_BYTES" "$strata" || echo '-')
+    r1=$(ratio "$raw" "$strata")
+    echo "| checkpoint write, $CKPT_MB MiB, dd fsync + mv (s) | raw multipart put $raw s ($sc MiB/s) | $strata s ($scc MiB/s) | $r1 (raw time / strata time) | >= 0.9 | $(meets "$r1" 0.9) |"
+  fi
+  echo
+  echo "Ratios are strata / baseline for MiB/s and baseline / strata for seconds: above 1, strata is faster."
+  [[ ! -s $WORK/failed ]] || echo "Failed steps: $(paste -sd, "$WORK/failed" | sed 's/,/, /g')."
+}
+mkdir -p "$ROOT/target"
+report | tee "$ROOT/target/bench-cachefs.md"
+if [[ -s $WORK/failed ]]; then
+  log "FAILED steps (logs in $WORK/logs, kept with KEEP=1): $(paste -sd, "$WORK/failed")"
+  exit 1
+fi
