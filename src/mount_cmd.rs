@@ -37,6 +37,9 @@ pub struct MountArgs {
     /// How long listings and attributes are trusted, in the daemon and the kernel.
     #[arg(long, default_value = "60s", value_parser = Dur::parse)]
     metadata_ttl: Dur,
+    /// How long a name found missing is answered as missing without asking the store.
+    #[arg(long, default_value = "5s", value_parser = Dur::parse)]
+    negative_ttl: Dur,
     /// The dataset never changes while mounted: cache metadata for as long as the mount lives.
     #[arg(long)]
     immutable: bool,
@@ -113,6 +116,7 @@ pub async fn run(a: MountArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
         prefix: String::new(),
         read_only: a.read_only,
         metadata_ttl: (!a.immutable).then_some(a.metadata_ttl.0),
+        negative_ttl: a.negative_ttl.0,
         threads: a.threads,
         allow_other: !a.private,
         part_size: a.part_size.0 as usize,
@@ -146,6 +150,7 @@ pub async fn mount_declared(agent: &strata_tiering::agent::Agent) -> Vec<strata_
             prefix: m.prefix.clone(),
             read_only: m.read_only,
             metadata_ttl: (!m.immutable).then_some(m.metadata_ttl.0),
+            negative_ttl: m.negative_ttl.0,
             threads: m.threads,
             allow_other: m.allow_other,
             part_size: m.part_size.0 as usize,

@@ -90,9 +90,12 @@ struct Handle {
 /// Settings of the core.
 #[derive(Debug, Clone)]
 pub struct FsOptions {
-    /// How long a directory listing is trusted before it is listed again. `None`: forever (an
+    /// How long a directory listing, or one looked-up entry, is trusted before it is asked for
+    /// again; an entry asked for again is revalidated by its ETag. `None`: forever (an
     /// immutable dataset).
     pub metadata_ttl: Option<Duration>,
+    /// How long a name found missing is answered as missing without asking the store.
+    pub negative_ttl: Duration,
     /// Where files being written are staged until they are uploaded; `None` makes the
     /// filesystem read-only.
     pub staging_dir: Option<std::path::PathBuf>,
@@ -112,6 +115,10 @@ pub struct FsCore {
     opts: FsOptions,
     inodes: RwLock<Inodes>,
     listings: Mutex<HashMap<u64, Listing>>,
+    /// Names looked up one by one, outside a fresh listing: (parent, name) to inode.
+    entries: moka::sync::Cache<(u64, String), u64>,
+    /// Names looked up and found missing.
+    negative: moka::sync::Cache<(u64, String), ()>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: std::sync::atomic::AtomicU64,
     /// Files being written, by inode.
@@ -149,6 +156,14 @@ impl FsCore {
         inodes.by_path.insert(String::new(), ROOT);
         let next_stage = opts.staging_dir.as_deref().map(staging::next_id).unwrap_or(1);
         let chunks = (opts.memory_budget / ns.chunk_size().max(1)).max(2) as usize;
+        let entries = {
+            let b = moka::sync::Cache::builder().max_capacity(1_000_000);
+            match opts.metadata_ttl {
+                Some(ttl) => b.time_to_live(ttl).build(),
+                None => b.build(),
+            }
+        };
+        let negative = moka::sync::Cache::builder().max_capacity(100_000).time_to_live(opts.negative_ttl).build();
         let assemble = opts.passthrough.then(|| crate::assemble::start(ns.clone(), cache.clone())).flatten();
         FsCore {
             assemble,
@@ -157,6 +172,8 @@ impl FsCore {
             opts,
             inodes: RwLock::new(inodes),
             listings: Mutex::new(HashMap::new()),
+            entries,
+            negative,
             handles: Mutex::new(HashMap::new()),
             next_fh: std::sync::atomic::AtomicU64::new(1),
             writers: Mutex::new(HashMap::new()),
@@ -230,13 +247,8 @@ impl FsCore {
     /// The entries of a directory, listed at most once per TTL. Inode numbers are stable for a
     /// path for the life of the mount; a new listing refreshes the nodes (sizes, ETags).
     async fn listing(&self, ino: u64) -> Result<Arc<Vec<(u64, Node)>>, FsError> {
-        {
-            let l = self.listings.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(hit) = l.get(&ino)
-                && self.opts.metadata_ttl.is_none_or(|ttl| hit.at.elapsed() < ttl)
-            {
-                return Ok(hit.entries.clone());
-            }
+        if let Some(entries) = self.fresh_listing(ino) {
+            return Ok(entries);
         }
         let dir = self.inode(ino)?;
         if dir.node.kind != NodeKind::Dir {
@@ -284,9 +296,63 @@ impl FsCore {
         Ok(entries)
     }
 
+    /// The entries of a directory if a listing younger than the TTL has them.
+    fn fresh_listing(&self, ino: u64) -> Option<Arc<Vec<(u64, Node)>>> {
+        let l = self.listings.lock().unwrap_or_else(|p| p.into_inner());
+        l.get(&ino)
+            .filter(|hit| self.opts.metadata_ttl.is_none_or(|ttl| hit.at.elapsed() < ttl))
+            .map(|h| h.entries.clone())
+    }
+
+    /// Looks a name up: in a fresh listing of its directory; else in the entry and negative
+    /// caches; else by asking the namespace about that one name (a HEAD), which also
+    /// revalidates a known file: a new ETag gives the inode the new version, so later opens
+    /// never mix its bytes with the old one's.
     pub async fn lookup(&self, parent: u64, name: &str) -> Result<Attr, FsError> {
-        let entries = self.listing(parent).await?;
-        entries.iter().find(|(_, n)| n.name == name).map(|(ino, n)| Self::attr(*ino, n)).ok_or(FsError::NotFound)
+        if let Some(entries) = self.fresh_listing(parent) {
+            return entries
+                .iter()
+                .find(|(_, n)| n.name == name)
+                .map(|(ino, n)| Self::attr(*ino, n))
+                .ok_or(FsError::NotFound);
+        }
+        let key = (parent, name.to_string());
+        if let Some(ino) = self.entries.get(&key)
+            && let Ok(i) = self.inode(ino)
+        {
+            return Ok(Self::attr(ino, &i.node));
+        }
+        if self.negative.contains_key(&key) {
+            return Err(FsError::NotFound);
+        }
+        let dir = self.inode(parent)?;
+        if dir.node.kind != NodeKind::Dir {
+            return Err(FsError::NotDir);
+        }
+        let path = join(&dir.path, name);
+        let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner()).get(&path).cloned();
+        let found = match pending {
+            Some(node) => Some(node),
+            None => self.ns.stat(&path).await.map_err(|source| FsError::List { dir: path.clone(), source })?,
+        };
+        match found {
+            Some(node) => {
+                let ino = self.ino_for(&path, node.clone());
+                self.entries.insert(key, ino);
+                Ok(Self::attr(ino, &node))
+            }
+            None => {
+                self.negative.insert(key, ());
+                Err(FsError::NotFound)
+            }
+        }
+    }
+
+    /// Forgets what is cached about one name, after this mount changed it.
+    fn forget_name(&self, parent: u64, name: &str) {
+        let key = (parent, name.to_string());
+        self.entries.invalidate(&key);
+        self.negative.invalidate(&key);
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Attr, FsError> {
@@ -442,6 +508,7 @@ impl FsCore {
         let ino = self.ino_for(&path, node.clone());
         let staged = self.start_staging(ino, &path)?;
         self.forget_listing(parent);
+        self.forget_name(parent, name);
         let fh = self.new_handle(ino, path, node.clone(), Some(staged), false);
         Ok((Self::attr(ino, &node), fh))
     }
@@ -588,6 +655,7 @@ impl FsCore {
         t.by_ino.remove(&attr.ino);
         drop(t);
         self.forget_listing(parent);
+        self.forget_name(parent, name);
         Ok(())
     }
 
@@ -611,6 +679,7 @@ impl FsCore {
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(path.clone(), node.clone());
         let ino = self.ino_for(&path, node.clone());
         self.forget_listing(parent);
+        self.forget_name(parent, name);
         Ok(Self::attr(ino, &node))
     }
 
@@ -630,6 +699,7 @@ impl FsCore {
         t.by_ino.remove(&attr.ino);
         drop(t);
         self.forget_listing(parent);
+        self.forget_name(parent, name);
         self.listings.lock().unwrap_or_else(|p| p.into_inner()).remove(&attr.ino);
         Ok(())
     }
@@ -697,6 +767,8 @@ impl FsCore {
         }
         self.forget_listing(parent);
         self.forget_listing(new_parent);
+        self.forget_name(parent, name);
+        self.forget_name(new_parent, new_name);
         Ok(())
     }
 
@@ -801,6 +873,7 @@ mod tests_support {
             cache,
             FsOptions {
                 metadata_ttl: None,
+                negative_ttl: Duration::from_secs(5),
                 staging_dir: Some(dir.join("staging")),
                 memory_budget: 64 << 20,
                 max_read_ahead: 16 << 20,

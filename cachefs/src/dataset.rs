@@ -23,6 +23,8 @@ pub struct DatasetMount {
     pub read_only: bool,
     /// `None`: listings are trusted for as long as the mount lives.
     pub metadata_ttl: Option<Duration>,
+    /// How long a missing name is answered as missing without asking the store.
+    pub negative_ttl: Duration,
     pub threads: usize,
     pub allow_other: bool,
     pub part_size: usize,
@@ -70,6 +72,7 @@ pub async fn mount_dataset(
         cache,
         FsOptions {
             metadata_ttl: spec.metadata_ttl,
+            negative_ttl: spec.negative_ttl,
             staging_dir,
             memory_budget: spec.memory_budget,
             max_read_ahead: (spec.memory_budget / 4).clamp(2 << 20, 64 << 20),

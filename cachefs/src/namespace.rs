@@ -40,6 +40,14 @@ pub trait Namespace: Send + Sync + 'static {
     /// The entries of the directory at `dir` (relative, "" for the root).
     fn read_dir(&self, dir: &str) -> BoxFuture<'static, Result<Vec<Node>, NsError>>;
 
+    /// The entry at `path` (relative, not the root), or `None` if there is none. The default
+    /// reads the parent directory; namespaces that can ask about one name do better.
+    fn stat(&self, path: &str) -> BoxFuture<'static, Result<Option<Node>, NsError>> {
+        let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+        let (listing, name) = (self.read_dir(dir), name.to_string());
+        Box::pin(async move { Ok(listing.await?.into_iter().find(|n| n.name == name)) })
+    }
+
     /// Bytes per chunk of a file's data.
     fn chunk_size(&self) -> u64;
 

@@ -87,6 +87,29 @@ impl Namespace for ObjectNamespace {
         .boxed()
     }
 
+    /// A HEAD for a file; failing that, one page of a listing for a directory. Cheap next to
+    /// listing a large parent directory just to look up one name.
+    fn stat(&self, path: &str) -> BoxFuture<'static, Result<Option<Node>, NsError>> {
+        let (source, key) = (self.source.clone(), self.key(path));
+        let name = path.rsplit('/').next().unwrap_or(path).to_string();
+        async move {
+            match source.head(&key).await {
+                Ok(o) => return Ok(Some(Self::node(o))),
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+            let dir = source.exists_under(&key).await?.then(|| Node {
+                name,
+                kind: NodeKind::Dir,
+                size: 0,
+                version: String::new(),
+                mtime: SystemTime::UNIX_EPOCH,
+            });
+            Ok(dir)
+        }
+        .boxed()
+    }
+
     fn chunk_size(&self) -> u64 {
         self.source.chunk_size()
     }

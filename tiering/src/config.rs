@@ -50,6 +50,9 @@ pub struct MountConfig {
     pub immutable: bool,
     #[serde(default = "default_metadata_ttl")]
     pub metadata_ttl: Dur,
+    /// How long a name found missing is answered as missing without asking the store.
+    #[serde(default = "default_negative_ttl")]
+    pub negative_ttl: Dur,
     #[serde(default = "default_threads")]
     pub threads: usize,
     #[serde(default = "yes")]
@@ -77,6 +80,9 @@ fn default_budget() -> ByteSize {
 
 fn default_metadata_ttl() -> Dur {
     Dur::secs(60)
+}
+fn default_negative_ttl() -> Dur {
+    Dur::secs(5)
 }
 fn default_threads() -> usize {
     4

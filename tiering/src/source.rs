@@ -108,6 +108,13 @@ pub enum SourceError {
     Local { path: String, source: std::io::Error },
 }
 
+impl SourceError {
+    /// The store said the object does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, SourceError::Request { source, .. } if matches!(**source, object_store::Error::NotFound { .. }))
+    }
+}
+
 /// One object as listed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectInfo {
@@ -294,6 +301,14 @@ impl ObjectSource {
         let loc = self.location(path);
         let meta = self.bounded("HEAD", path, self.store.head(&loc)).await?;
         Ok(self.info(meta))
+    }
+
+    /// Whether any object lies under `dir/`: one page of a listing, not all of it.
+    pub async fn exists_under(&self, dir: &str) -> Result<bool, SourceError> {
+        let loc = self.location(dir.trim_matches('/'));
+        let mut stream = self.store.list(Some(&loc));
+        let first = self.bounded("LIST", dir, async move { stream.next().await.transpose() }).await?;
+        Ok(first.is_some())
     }
 
     /// Checks the store answers, for a clear message at start-up.
