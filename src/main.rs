@@ -23,7 +23,7 @@ enum Command {
     /// Inspect and steer the tiered cache of a running daemon.
     Tier(tier_cmd::TierArgs),
     /// Mount a bucket prefix (or a local directory) read-only through the tiered cache.
-    Mount(mount_cmd::MountArgs),
+    Mount(Box<mount_cmd::MountArgs>),
 }
 
 #[derive(clap::Args, Debug)]
@@ -57,7 +57,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Daemon(args) => daemon(args).await,
             Command::Tier(args) => tier_cmd::run(args).await,
-            Command::Mount(args) => mount_cmd::run(args, shutdown_signal()).await,
+            Command::Mount(args) => mount_cmd::run(*args, shutdown_signal()).await,
         }
     });
     match result {

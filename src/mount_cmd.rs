@@ -72,6 +72,24 @@ pub struct MountArgs {
     /// the kernel reads straight from a local copy, FUSE passthrough).
     #[arg(long)]
     no_passthrough: bool,
+    /// Do not pin the newest file written into each directory (the latest checkpoint) hot.
+    #[arg(long)]
+    no_keep_newest_hot: bool,
+    /// Files written into one directory within this window of its first count as one
+    /// checkpoint (a step directory of shards), kept hot whole while it is the newest.
+    #[arg(long, default_value = "10m", value_parser = Dur::parse)]
+    checkpoint_window: Dur,
+    /// Start from a namespace snapshot: one listing of the whole prefix, kept in
+    /// --snapshot-dir and reused by later mounts of the same source, instead of listing
+    /// directories as they are opened. Best with --immutable.
+    #[arg(long)]
+    snapshot: bool,
+    /// Where snapshots are kept; mounts given the same dir share them. Default: STATE_DIR/snapshots.
+    #[arg(long)]
+    snapshot_dir: Option<PathBuf>,
+    /// A snapshot older than this is taken again.
+    #[arg(long, default_value = "1h", value_parser = Dur::parse)]
+    snapshot_max_age: Dur,
 }
 
 fn cold_config(a: &MountArgs) -> anyhow::Result<ColdConfig> {
@@ -125,6 +143,10 @@ pub async fn run(a: MountArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
         upload_leftovers: a.leftovers == "upload",
         memory_budget: a.memory_budget.0,
         passthrough: !a.no_passthrough,
+        keep_newest_hot: !a.no_keep_newest_hot,
+        checkpoint_window: a.checkpoint_window.0,
+        snapshot_dir: a.snapshot.then(|| a.snapshot_dir.clone().unwrap_or_else(|| a.state_dir.join("snapshots"))),
+        snapshot_max_age: a.snapshot_max_age.0,
     };
     let mounted =
         mount_dataset(&spec, source, cache.clone()).await.with_context(|| format!("cannot mount {}", a.source))?;
@@ -159,6 +181,10 @@ pub async fn mount_declared(agent: &strata_tiering::agent::Agent) -> Vec<strata_
             upload_leftovers: m.leftovers == "upload",
             memory_budget: m.memory_budget.0,
             passthrough: m.passthrough,
+            keep_newest_hot: m.keep_newest_hot,
+            checkpoint_window: m.checkpoint_window.0,
+            snapshot_dir: m.snapshot.then(|| agent.config.state_dir.join("snapshots")),
+            snapshot_max_age: m.snapshot_max_age.0,
         };
         match mount_dataset(&spec, agent.source.clone(), agent.cache.clone()).await {
             Ok(mounted) => {

@@ -106,7 +106,10 @@ pub async fn run(args: TierArgs) -> anyhow::Result<()> {
             if !v.pins.is_empty() {
                 println!("\n# pins (strata tier pin):");
                 for p in v.pins {
-                    println!("#   {} -> {}", p.pattern, p.tier);
+                    match &p.newest_of {
+                        Some(dir) => println!("#   {} -> {} (newest written into {dir}/)", p.pattern, p.tier),
+                        None => println!("#   {} -> {}", p.pattern, p.tier),
+                    }
                 }
             }
         }

@@ -83,3 +83,67 @@ fn fuse_root_rgw_changed_objects_revalidate_by_etag_and_never_mix() {
     assert_eq!(std::fs::read(m.path("sub/deep/x.txt")).unwrap(), b"x");
     assert!(std::fs::metadata(m.path("sub")).unwrap().is_dir());
 }
+
+fn tree_of(root: &std::path::Path) -> Vec<String> {
+    let mut out: Vec<String> =
+        files_under(root).into_iter().map(|p| p.strip_prefix(root).unwrap().to_string_lossy().into_owned()).collect();
+    out.sort();
+    out
+}
+
+#[test]
+#[ignore = "needs root, /dev/fuse and Ceph RGW: run by .ci/run"]
+fn fuse_root_rgw_namespace_snapshot_is_shared_across_mounts() {
+    let rgw = Rgw::from_env();
+    let store = rgw.store();
+    let prefix = unique_prefix("snapshot");
+    for (k, v) in [("a/x.bin", &b"ex"[..]), ("a/b/y.bin", b"why"), ("z.bin", b"zed")] {
+        put(&store, &format!("{prefix}{k}"), v);
+    }
+    let shared = tempfile::tempdir().unwrap();
+    let snapdir = shared.path().to_str().unwrap();
+    let args = |max_age: &'static str| {
+        vec![
+            "--endpoint".to_string(),
+            rgw.endpoint.clone(),
+            "--region".into(),
+            "us-east-1".into(),
+            "--immutable".into(),
+            "--snapshot".into(),
+            "--snapshot-dir".into(),
+            snapdir.to_string(),
+            "--snapshot-max-age".into(),
+            max_age.into(),
+        ]
+    };
+    let start = |max_age| {
+        let a = args(max_age);
+        Mount::start(&source(&rgw, &prefix), &a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let want = ["a/b/y.bin", "a/x.bin", "z.bin"];
+
+    let first = start("1h");
+    assert_eq!(tree_of(&first.mnt), want);
+    assert!(first.log().contains("namespace snapshot taken"), "{}", first.log());
+    drop(first);
+
+    // An object added after the snapshot: a second mount (another process, its own tiers)
+    // starts from the stored snapshot, so it does not list the bucket and does not see it.
+    put(&store, &format!("{prefix}a/late.bin"), b"late");
+    let second = start("1h");
+    assert_eq!(tree_of(&second.mnt), want, "the second mount listed the store instead of using the snapshot");
+    assert!(!second.log().contains("namespace snapshot taken"));
+    assert_eq!(std::fs::read(second.path("a/b/y.bin")).unwrap(), b"why");
+    drop(second);
+
+    // Past its max age the snapshot is taken again; a damaged one is replaced, not trusted.
+    let third = start("0s");
+    assert_eq!(tree_of(&third.mnt), ["a/b/y.bin", "a/late.bin", "a/x.bin", "z.bin"]);
+    drop(third);
+    for f in files_under(shared.path()).iter().filter(|p| p.extension().is_some_and(|e| e == "json")) {
+        std::fs::write(f, b"{ damaged").unwrap();
+    }
+    let fourth = start("1h");
+    assert_eq!(tree_of(&fourth.mnt), ["a/b/y.bin", "a/late.bin", "a/x.bin", "z.bin"]);
+    assert!(fourth.log().contains("namespace snapshot unreadable"), "{}", fourth.log());
+}

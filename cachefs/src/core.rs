@@ -104,6 +104,14 @@ pub struct FsOptions {
     pub memory_budget: u64,
     /// Largest read-ahead window per open file.
     pub max_read_ahead: u64,
+    /// Keep the newest file written into each directory (and the newest directory this mount
+    /// made in its parent) pinned in the hot tier, so a restart after a failure reads the
+    /// latest checkpoint from local disk.
+    pub keep_newest_hot: bool,
+    /// A directory whose files were all written within this window of its first write counts
+    /// as one checkpoint (a step directory of shards); one written into over a longer time is
+    /// a directory of checkpoints.
+    pub checkpoint_window: Duration,
     /// Keep whole-file copies of files whose chunks are all hot, so opens can hand the kernel
     /// a backing file (FUSE passthrough) and reads never reach us.
     pub passthrough: bool,
@@ -128,6 +136,12 @@ pub struct FsCore {
     next_stage: std::sync::atomic::AtomicU64,
     demand: Arc<tokio::sync::Semaphore>,
     ahead: Arc<tokio::sync::Semaphore>,
+    /// When this mount first wrote into each directory, to tell checkpoint directories from
+    /// directories of checkpoints.
+    first_write: Mutex<HashMap<String, Instant>>,
+    /// Orders the caching of a closed file's staged bytes against renames, so a rename right
+    /// after close finds the cached chunks to move to the new name.
+    cache_order: tokio::sync::Mutex<()>,
     /// Files to assemble whole-file copies of, for passthrough; one worker drains it.
     assemble: Option<tokio::sync::mpsc::UnboundedSender<(String, Node)>>,
 }
@@ -167,6 +181,8 @@ impl FsCore {
         let assemble = opts.passthrough.then(|| crate::assemble::start(ns.clone(), cache.clone())).flatten();
         FsCore {
             assemble,
+            first_write: Mutex::new(HashMap::new()),
+            cache_order: tokio::sync::Mutex::new(()),
             ns,
             cache,
             opts,
@@ -308,6 +324,26 @@ impl FsCore {
     /// caches; else by asking the namespace about that one name (a HEAD), which also
     /// revalidates a known file: a new ETag gives the inode the new version, so later opens
     /// never mix its bytes with the old one's.
+    /// Takes every directory listing from a namespace snapshot at once, so no directory is
+    /// listed from the store until its listing expires (never, for an immutable mount).
+    pub fn seed(&self, tree: HashMap<String, Vec<Node>>) {
+        let at = Instant::now();
+        // Parents before children, so each directory's inode exists when its entries are added.
+        let mut dirs: Vec<_> = tree.into_iter().collect();
+        dirs.sort_by_key(|(d, _)| if d.is_empty() { 0 } else { d.matches('/').count() + 1 });
+        for (dir, nodes) in dirs {
+            let Some(dir_ino) = self.inodes.read().unwrap_or_else(|p| p.into_inner()).by_path.get(&dir).copied() else {
+                continue;
+            };
+            let entries: Vec<(u64, Node)> =
+                nodes.into_iter().map(|n| (self.ino_for(&join(&dir, &n.name), n.clone()), n)).collect();
+            self.listings
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(dir_ino, Listing { at, entries: Arc::new(entries) });
+        }
+    }
+
     pub async fn lookup(&self, parent: u64, name: &str) -> Result<Attr, FsError> {
         if let Some(entries) = self.fresh_listing(parent) {
             return entries
@@ -618,6 +654,7 @@ impl FsCore {
     /// Reads a published file's staged bytes into the cache under the new object's keys, so
     /// the checkpoint just written is hot for the next restart.
     async fn keep_as_cache(&self, s: &Staged, ino: u64) {
+        let _order = self.cache_order.lock().await;
         let Ok(i) = self.inode(ino) else { return };
         let chunk = self.ns.chunk_size();
         let mut index = 0;
@@ -630,6 +667,79 @@ impl FsCore {
             index += 1;
         }
         self.request_whole(&i.path, &i.node);
+        self.keep_newest(&i.path, &i.node).await;
+    }
+
+    /// Pins a just-written file as the newest entry of its directory. If the directory is
+    /// itself one checkpoint (all written within the checkpoint window), the whole directory is
+    /// pinned as the newest entry of its parent instead of the previous one there, and the
+    /// older step directories' pins go. A directory written into over a longer time is a
+    /// directory of checkpoints and loses such a pin. A pin that does not fit is only logged:
+    /// the write itself has succeeded.
+    async fn keep_newest(&self, path: &str, node: &Node) {
+        if !self.opts.keep_newest_hot {
+            return;
+        }
+        let key_path = self.ns.chunk_key(path, node, 0).path;
+        let Some((key_dir, _)) = key_path.rsplit_once('/') else { return };
+        let (key_dir, key_parent) = (key_dir.to_string(), key_dir.rsplit_once('/').map(|(p, _)| p.to_string()));
+        let fresh = {
+            let mut first = self.first_write.lock().unwrap_or_else(|p| p.into_inner());
+            first.entry(key_dir.clone()).or_insert_with(Instant::now).elapsed() < self.opts.checkpoint_window
+        };
+        self.pin_newest(&key_dir, &format!("={key_path}")).await;
+        let Some(parent) = key_parent else { return };
+        let dir_pattern = format!("{key_dir}/");
+        if fresh {
+            self.pin_newest(&parent, &dir_pattern).await;
+            let (under, keep) = (format!("{parent}/"), key_dir.clone());
+            let _ = self.cache.unpin_newest(move |g| g.starts_with(&under) && g != keep).await;
+        } else {
+            let pinned_here = self
+                .cache
+                .pins()
+                .iter()
+                .any(|p| p.newest_of.as_deref() == Some(parent.as_str()) && p.pattern.to_string() == dir_pattern);
+            if pinned_here {
+                let _ = self.cache.unpin_newest(move |g| g == parent).await;
+            }
+        }
+    }
+
+    async fn pin_newest(&self, group: &str, pattern: &str) {
+        let Ok(p) = strata_tiering::PathPattern::parse(pattern) else { return };
+        if let Err(e) = self.cache.pin_newest(group, p).await {
+            tracing::warn!(path = %pattern, error = %e, "cannot keep the newest checkpoint hot");
+        }
+    }
+
+    fn chunk_keys(&self, path: &str, node: &Node) -> Vec<strata_tiering::ChunkKey> {
+        crate::assemble::keys(self.ns.as_ref(), path, node).1
+    }
+
+    /// After a rename of a published file, moves its cached chunks to the keys of the new
+    /// name, so a checkpoint written to a temp name and renamed stays hot under its real name.
+    async fn rekey_cached(&self, from: &str, old: &Node, to: &str, new: &Node) {
+        if old.size != new.size || new.version.is_empty() {
+            return;
+        }
+        let chunk = self.ns.chunk_size().max(1);
+        for i in 0..new.size.div_ceil(chunk) {
+            let old_key = self.ns.chunk_key(from, old, i);
+            let Some(bytes) = self.cache.get_local_blocking(&old_key) else { return };
+            let new_key = self.ns.chunk_key(to, new, i);
+            if self.cache.put(new_key, bytes, strata_tiering::TierKind::Hot).await.is_err() {
+                return;
+            }
+        }
+        // The new name takes over the pin first: eviction leaves pinned chunks alone.
+        self.keep_newest(to, new).await;
+        let (old_path, new_path) = (self.ns.chunk_key(from, old, 0).path, self.ns.chunk_key(to, new, 0).path);
+        if new_path != old_path {
+            let _ = self.cache.discard(self.chunk_keys(from, old)).await;
+            let _ = self.cache.discard(vec![crate::assemble::keys(self.ns.as_ref(), from, old).0]).await;
+        }
+        self.request_whole(to, new);
     }
 
     pub async fn unlink(&self, parent: u64, name: &str) -> Result<(), FsError> {
@@ -727,6 +837,7 @@ impl FsCore {
             Some(w) => w.lock().await.dirty || from.node.version.is_empty(),
             None => false,
         };
+        let mut rekey = None;
         let node = match writer {
             Some(w) if unpublished => {
                 // Not uploaded yet: the upload simply goes to the new name. An older object under
@@ -752,6 +863,7 @@ impl FsCore {
                     w.lock().await.retarget(&to).map_err(|source| FsError::Stage { path: to.clone(), source })?;
                 }
                 n.name = new_name.to_string();
+                rekey = Some(n.clone());
                 n
             }
         };
@@ -763,12 +875,18 @@ impl FsCore {
             {
                 t.by_ino.remove(&old);
             }
-            t.by_ino.insert(src.ino, Inode { path: to, node });
+            t.by_ino.insert(src.ino, Inode { path: to.clone(), node });
         }
+        let to_path = to;
         self.forget_listing(parent);
         self.forget_listing(new_parent);
         self.forget_name(parent, name);
         self.forget_name(new_parent, new_name);
+        if let Some(new) = rekey {
+            // After any caching of the closed file's bytes under the old name has finished.
+            let _order = self.cache_order.lock().await;
+            self.rekey_cached(&from.path, &from.node, &to_path, &new).await;
+        }
         Ok(())
     }
 
@@ -878,6 +996,8 @@ mod tests_support {
                 memory_budget: 64 << 20,
                 max_read_ahead: 16 << 20,
                 passthrough: true,
+                keep_newest_hot: true,
+                checkpoint_window: Duration::from_secs(600),
             },
         )
     }

@@ -37,6 +37,15 @@ pub struct DatasetMount {
     pub memory_budget: u64,
     /// Files whole in the hot tier are read by the kernel straight from a local copy.
     pub passthrough: bool,
+    /// Keep the newest file (or made directory) written into each directory pinned hot.
+    pub keep_newest_hot: bool,
+    /// Files written into one directory within this window count as one checkpoint.
+    pub checkpoint_window: Duration,
+    /// Start from a persisted namespace snapshot in this directory, shared by the node's
+    /// mounts, instead of listing the source; `None` lists directories as they are opened.
+    pub snapshot_dir: Option<PathBuf>,
+    /// A snapshot older than this is taken again (one listing of the whole prefix).
+    pub snapshot_max_age: Duration,
 }
 
 /// A live mount; [`Mounted::unmount`] ends it.
@@ -67,6 +76,7 @@ pub async fn mount_dataset(
         return Err(MountError::Source { path: spec.path.display().to_string(), message: e.to_string() });
     }
     let staging_dir = (!spec.read_only).then(|| spec.staging_dir.clone());
+    let ns_for_snapshot = ns.clone();
     let core = Arc::new(FsCore::new(
         Arc::new(ns),
         cache,
@@ -77,8 +87,22 @@ pub async fn mount_dataset(
             memory_budget: spec.memory_budget,
             max_read_ahead: (spec.memory_budget / 4).clamp(2 << 20, 64 << 20),
             passthrough: spec.passthrough,
+            keep_newest_hot: spec.keep_newest_hot,
+            checkpoint_window: spec.checkpoint_window,
         },
     ));
+    if let Some(dir) = &spec.snapshot_dir {
+        let ns = ns_for_snapshot;
+        let what = crate::namespace::Namespace::describe(&ns);
+        let listed = crate::snapshot::load_or_take(dir, &what, spec.snapshot_max_age, || async {
+            ns.list_all().await.map_err(|e| e.to_string())
+        })
+        .await;
+        match listed {
+            Ok((entries, _)) => core.seed(crate::snapshot::tree(&entries)),
+            Err(e) => return Err(MountError::Source { path: spec.path.display().to_string(), message: e.to_string() }),
+        }
+    }
     let leftovers = core.recover_staged(spec.upload_leftovers).await;
     let kernel = spec.metadata_ttl.unwrap_or(Duration::from_secs(365 * 86400));
     let opts = MountOptions {

@@ -13,6 +13,7 @@ pub mod namespace;
 pub mod objects;
 mod passthrough;
 pub mod readahead;
+pub mod snapshot;
 pub mod staging;
 
 pub use crate::core::{FsCore, FsError, FsOptions};

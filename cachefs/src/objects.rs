@@ -40,6 +40,21 @@ impl ObjectNamespace {
         }
     }
 
+    /// Every object under the root, for a namespace snapshot, with paths relative to the root.
+    pub async fn list_all(&self) -> Result<Vec<crate::snapshot::Entry>, NsError> {
+        let prefix = if self.root.is_empty() { String::new() } else { format!("{}/", self.root) };
+        let objects = self.source.list(&prefix).await?;
+        Ok(objects
+            .into_iter()
+            .filter_map(|o| {
+                let rel = o.path.strip_prefix(&prefix)?.to_string();
+                let mtime = o.modified.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+                (!rel.is_empty() && !rel.ends_with('/'))
+                    .then_some(crate::snapshot::Entry(rel, o.size, o.version, mtime))
+            })
+            .collect())
+    }
+
     fn node(o: ObjectInfo) -> Node {
         let name = o.path.rsplit('/').next().unwrap_or(&o.path).to_string();
         Node { name, kind: NodeKind::File, size: o.size, version: o.version, mtime: o.modified }

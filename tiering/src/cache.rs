@@ -282,6 +282,47 @@ impl TieredCache {
     /// Pins a path pattern to a tier. Fails, changing nothing, if the pinned data already cached
     /// would not fit under the tier's high watermark.
     pub async fn pin(&self, pattern: PathPattern, tier: TierKind) -> Result<Moved, CacheError> {
+        self.pin_with(pattern, tier, None).await
+    }
+
+    /// Keeps `pattern` (the newest entry written into directory `dir`) in the hot tier, in
+    /// place of the previous newest entry of `dir`, which goes back to the ordinary policy.
+    pub async fn pin_newest(&self, dir: &str, pattern: PathPattern) -> Result<Moved, CacheError> {
+        self.pin_with(pattern, TierKind::Hot, Some(dir.to_string())).await
+    }
+
+    /// Drops these chunks from every tier, pinned or not: for bytes that now live under other
+    /// keys (a renamed file's). Returns how many were present.
+    pub async fn discard(&self, keys: Vec<ChunkKey>) -> Result<usize, CacheError> {
+        self.blocking(move |core| keys.iter().filter(|k| core.evict(&k.id(), "discarded").is_some()).count()).await
+    }
+
+    /// Removes the newest-entry pins whose directory `drop` accepts. Returns how many.
+    pub async fn unpin_newest(&self, drop: impl Fn(&str) -> bool + Send + 'static) -> Result<usize, CacheError> {
+        self.blocking(move |core| {
+            let removed = {
+                let mut pins = core.pins.write().unwrap_or_else(|p| p.into_inner());
+                let before = pins.len();
+                pins.retain(|p| !p.newest_of.as_deref().is_some_and(&drop));
+                if pins.len() != before {
+                    restore::save_pins(&core.state_dir, &pins)?;
+                }
+                before - pins.len()
+            };
+            if removed > 0 {
+                core.refresh_pins();
+            }
+            Ok(removed)
+        })
+        .await?
+    }
+
+    async fn pin_with(
+        &self,
+        pattern: PathPattern,
+        tier: TierKind,
+        newest_of: Option<String>,
+    ) -> Result<Moved, CacheError> {
         self.blocking(move |core| {
             let t = core.tier(tier)?;
             let mut moved = Moved::default();
@@ -309,8 +350,8 @@ impl TieredCache {
             }
             {
                 let mut pins = core.pins.write().unwrap_or_else(|p| p.into_inner());
-                pins.retain(|p| p.pattern != pattern);
-                pins.push(Pin { pattern: pattern.clone(), tier });
+                pins.retain(|p| p.pattern != pattern && (newest_of.is_none() || p.newest_of != newest_of));
+                pins.push(Pin { pattern: pattern.clone(), tier, newest_of });
                 restore::save_pins(&core.state_dir, &pins)?;
             }
             core.refresh_pins();

@@ -72,6 +72,29 @@ pub struct MountConfig {
     /// copy directly. The copy takes hot-tier space beside the file's chunks.
     #[serde(default = "yes")]
     pub passthrough: bool,
+    /// Keep the newest file written into each directory, and the newest directory the mount
+    /// made in its parent (a sharded checkpoint), pinned in the hot tier.
+    #[serde(default = "yes")]
+    pub keep_newest_hot: bool,
+    /// A directory whose files were all written within this window of the first one is one
+    /// checkpoint (a step directory of shards), kept hot whole while it is the newest.
+    #[serde(default = "default_checkpoint_window")]
+    pub checkpoint_window: Dur,
+    /// Start from a namespace snapshot (one listing of the prefix, kept in the state dir and
+    /// shared by the node's mounts of the same prefix) instead of listing directories.
+    #[serde(default)]
+    pub snapshot: bool,
+    /// A snapshot older than this is taken again at the next mount.
+    #[serde(default = "default_snapshot_max_age")]
+    pub snapshot_max_age: Dur,
+}
+
+fn default_checkpoint_window() -> Dur {
+    Dur::secs(600)
+}
+
+fn default_snapshot_max_age() -> Dur {
+    Dur::secs(3600)
 }
 
 fn default_budget() -> ByteSize {

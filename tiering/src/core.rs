@@ -27,6 +27,10 @@ use tracing::{debug, warn};
 pub struct Pin {
     pub pattern: PathPattern,
     pub tier: TierKind,
+    /// Set for the pin that keeps the newest file written into a directory hot: the directory.
+    /// A newer write there replaces the pin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub newest_of: Option<String>,
 }
 
 #[derive(Debug)]

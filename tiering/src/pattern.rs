@@ -8,6 +8,8 @@ use std::fmt;
 pub enum PathPattern {
     Prefix(String),
     Glob(glob::Pattern),
+    /// One path exactly; written `=path`.
+    Exact(String),
 }
 
 const GLOB_OPTS: glob::MatchOptions =
@@ -17,6 +19,9 @@ impl PathPattern {
     /// Text with `*`, `?` or `[` is a glob; anything else is a prefix. A leading `/` is ignored,
     /// because object keys have none.
     pub fn parse(s: &str) -> Result<Self, String> {
+        if let Some(exact) = s.strip_prefix('=') {
+            return Ok(PathPattern::exact(exact));
+        }
         let s = s.trim_start_matches('/');
         if s.contains(['*', '?', '[']) {
             glob::Pattern::new(s).map(PathPattern::Glob).map_err(|e| format!("glob `{s}` is invalid: {e}"))
@@ -29,6 +34,10 @@ impl PathPattern {
         PathPattern::Prefix(s.trim_start_matches('/').to_string())
     }
 
+    pub fn exact(s: &str) -> Self {
+        PathPattern::Exact(s.trim_start_matches('/').to_string())
+    }
+
     pub fn glob(s: &str) -> Result<Self, String> {
         glob::Pattern::new(s.trim_start_matches('/'))
             .map(PathPattern::Glob)
@@ -39,13 +48,14 @@ impl PathPattern {
         match self {
             PathPattern::Prefix(p) => path.starts_with(p.as_str()),
             PathPattern::Glob(g) => g.matches_with(path, GLOB_OPTS),
+            PathPattern::Exact(p) => path == p,
         }
     }
 
     /// The literal part before any wildcard: what to LIST in the object store.
     pub fn list_prefix(&self) -> &str {
         match self {
-            PathPattern::Prefix(p) => p,
+            PathPattern::Prefix(p) | PathPattern::Exact(p) => p,
             PathPattern::Glob(g) => {
                 let s = g.as_str();
                 let end = s.find(['*', '?', '[']).unwrap_or(s.len());
@@ -60,6 +70,7 @@ impl fmt::Display for PathPattern {
         match self {
             PathPattern::Prefix(p) => f.write_str(p),
             PathPattern::Glob(g) => f.write_str(g.as_str()),
+            PathPattern::Exact(p) => write!(f, "={p}"),
         }
     }
 }
@@ -92,6 +103,9 @@ mod tests {
         let p = PathPattern::parse("/datasets/imagenet/").unwrap();
         assert!(p.matches("datasets/imagenet/train/0001.jpg"));
         assert!(!p.matches("datasets/coco/x"));
+        let e = PathPattern::parse("=ckpt/a.pt").unwrap();
+        assert!(e.matches("ckpt/a.pt") && !e.matches("ckpt/a.pt.tmp"));
+        assert_eq!(PathPattern::parse(&e.to_string()).unwrap(), e);
         let g = PathPattern::parse("ckpt/*/model.pt").unwrap();
         assert!(g.matches("ckpt/step100/model.pt"));
         assert!(!g.matches("ckpt/a/b/model.pt"));

@@ -1,6 +1,7 @@
-//! FUSE passthrough through real mounts of the daemon: a file whole in the hot tier is read by
-//! the kernel straight from a local copy, so the daemon serves none of its bytes; opens still
-//! count as accesses for the policy. Needs root and /dev/fuse, so `.ci/run` runs these.
+//! The hot tier through real mounts of the daemon. FUSE passthrough: a file whole in the hot
+//! tier is read by the kernel straight from a local copy, so the daemon serves none of its
+//! bytes, and opens still count as accesses for the policy. Checkpoints: the newest one written
+//! into a directory stays hot. Needs root and /dev/fuse, so `.ci/run` runs these.
 
 mod common;
 
@@ -42,6 +43,10 @@ const HOT_READ: &str = "strata_tier_read_bytes_total{tier=\"hot\"}";
 const PASSTHROUGH_OPENS: &str = "strata_fs_opens_total{mode=\"passthrough\"}";
 
 fn dataset(files: &[(&str, &[u8])], passthrough: bool) -> (tempfile::TempDir, tempfile::TempDir, Daemon) {
+    dataset_with(files, &format!("passthrough = {passthrough}\n"))
+}
+
+fn dataset_with(files: &[(&str, &[u8])], mount_toml: &str) -> (tempfile::TempDir, tempfile::TempDir, Daemon) {
     let cold = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(cold.path().join("ds")).unwrap();
     for (name, bytes) in files {
@@ -50,7 +55,7 @@ fn dataset(files: &[(&str, &[u8])], passthrough: bool) -> (tempfile::TempDir, te
     let mnt = tempfile::tempdir().unwrap();
     let body = format!(
         "[cold]\nkind = \"local\"\npath = \"{}\"\nchunk_size = \"1MiB\"\n\
-         [[mounts]]\npath = \"{}\"\nprefix = \"ds\"\npassthrough = {passthrough}\n",
+         [[mounts]]\npath = \"{}\"\nprefix = \"ds\"\n{mount_toml}",
         cold.path().display(),
         mnt.path().display()
     );
@@ -106,5 +111,54 @@ fn fuse_root_without_passthrough_the_daemon_serves_every_read() {
     assert_eq!(std::fs::read(&path).unwrap(), a);
     assert!(metric(&d, HOT_READ) >= served + a.len() as u64, "the reread was not served by the daemon");
     assert_eq!(metric(&d, PASSTHROUGH_OPENS), 0);
+    d.stop();
+}
+
+fn write_via_rename(dir: &Path, name: &str, bytes: &[u8]) {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut f = std::fs::File::create(&tmp).unwrap();
+    std::io::Write::write_all(&mut f, bytes).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    std::fs::rename(&tmp, dir.join(name)).unwrap();
+}
+
+#[test]
+#[ignore = "needs root and /dev/fuse: run by .ci/run"]
+fn fuse_root_the_newest_checkpoint_of_a_directory_stays_hot() {
+    let (e1, e2, s0, s1) = (data(41, 3 << 20), data(42, 3 << 20), data(43, 2 << 20), data(44, 2 << 20));
+    let (_cold, mnt, mut d) = dataset_with(&[], "checkpoint_window = \"1s\"\n");
+    let ckpt = mnt.path().join("ckpt");
+    std::fs::create_dir(&ckpt).unwrap();
+
+    // Whole-file checkpoints, written to a temp name and renamed, as torch.save users do, some
+    // time apart: ckpt/ is a directory of checkpoints, and only the newest stays pinned.
+    write_via_rename(&ckpt, "e1.pt", &e1);
+    std::thread::sleep(Duration::from_millis(1500));
+    write_via_rename(&ckpt, "e2.pt", &e2);
+    let policy = d.tier_ok(&["policy", "show"]);
+    assert!(policy.contains("=ds/ckpt/e2.pt -> hot (newest written into ds/ckpt/)"), "{policy}");
+    assert!(!policy.contains("e1.pt ->"), "the older checkpoint is still pinned:\n{policy}");
+    assert!(!policy.contains("ds/ckpt/ ->"), "a directory of checkpoints is pinned whole:\n{policy}");
+    // Everything idle goes down to warm, except the newest checkpoint (its 3 chunks stay).
+    let out = d.tier_ok(&["demote", "--idle", "0s"]);
+    assert!(out.contains("demoted 3 chunks"), "only e1's chunks should leave hot: {out}");
+
+    // A sharded checkpoint: a new step directory made through the mount becomes the newest
+    // entry of ckpt/, so all its shards stay hot and e2 goes back to the ordinary policy.
+    let step = ckpt.join("step3");
+    std::fs::create_dir(&step).unwrap();
+    std::fs::write(step.join("shard0"), &s0).unwrap();
+    std::fs::write(step.join("shard1"), &s1).unwrap();
+    let policy = d.tier_ok(&["policy", "show"]);
+    assert!(policy.contains("ds/ckpt/step3/ -> hot (newest written into ds/ckpt/)"), "{policy}");
+    assert!(!policy.contains("e2.pt ->"), "{policy}");
+    let out = d.tier_ok(&["demote", "--idle", "0s"]);
+    assert!(out.contains("demoted 3 chunks"), "only e2's chunks should leave hot: {out}");
+
+    // Every checkpoint still reads back whole, wherever its chunks are.
+    for (name, want) in [("e1.pt", &e1), ("e2.pt", &e2), ("step3/shard0", &s0), ("step3/shard1", &s1)] {
+        assert_eq!(sha(&std::fs::read(ckpt.join(name)).unwrap()), sha(want), "{name}");
+    }
     d.stop();
 }
