@@ -138,6 +138,8 @@ pub struct ObjectSource {
     prefix: String,
     chunk_size: u64,
     timeout: Dur,
+    /// The directory of a local store: its directories exist even when empty.
+    local_root: Option<std::path::PathBuf>,
 }
 
 impl ObjectSource {
@@ -205,7 +207,11 @@ impl ObjectSource {
                 (Arc::new(s3), format!("s3://{bucket} at {at}"))
             }
         };
-        Ok(ObjectSource { store, describe, prefix, chunk_size: c.chunk_size.0, timeout: c.timeout })
+        let local_root = match c.kind {
+            ColdKind::Local => Some(c.path.clone().unwrap_or_else(|| default_dir.to_path_buf())),
+            ColdKind::S3 => None,
+        };
+        Ok(ObjectSource { store, describe, prefix, chunk_size: c.chunk_size.0, timeout: c.timeout, local_root })
     }
 
     /// Where the bytes come from, for messages: `s3://bucket at http://host:port`.
@@ -306,6 +312,9 @@ impl ObjectSource {
     /// Whether any object lies under `dir/`: one page of a listing, not all of it.
     pub async fn exists_under(&self, dir: &str) -> Result<bool, SourceError> {
         let loc = self.location(dir.trim_matches('/'));
+        if let Some(root) = &self.local_root {
+            return Ok(root.join(loc.as_ref()).is_dir());
+        }
         let mut stream = self.store.list(Some(&loc));
         let first = self.bounded("LIST", dir, async move { stream.next().await.transpose() }).await?;
         Ok(first.is_some())
