@@ -137,6 +137,9 @@ impl Core {
         let e = ix.remove(id)?;
         if let Ok(t) = self.tier(e.tier) {
             let path = t.entry_path(id, &e.key);
+            if e.key.is_whole() {
+                let _ = std::fs::remove_file(path.with_extension(crate::tier::WHOLE_KEY_EXT));
+            }
             if let Err(err) = std::fs::remove_file(&path)
                 && err.kind() != std::io::ErrorKind::NotFound
             {

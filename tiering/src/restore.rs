@@ -39,8 +39,47 @@ pub(crate) fn rebuild_index(core: &Core) -> RebuildReport {
         };
         for item in items {
             match item {
-                ScanItem::Whole { path } => {
-                    let _ = std::fs::remove_file(&path);
+                ScanItem::Whole { id, path } => {
+                    // Kept only whole and with its key: it was fsynced before being renamed
+                    // into place, and its sidecar written before that.
+                    let sidecar = path.with_extension(crate::tier::WHOLE_KEY_EXT);
+                    let key =
+                        std::fs::read(&sidecar).ok().and_then(|b| serde_json::from_slice::<crate::ChunkKey>(&b).ok());
+                    let len = std::fs::metadata(&path).map(|m| m.len()).ok();
+                    let sound = match (&key, len) {
+                        (Some(k @ crate::ChunkKey { identity: crate::Identity::File { size, .. }, .. }), Some(len)) => {
+                            k.id() == id
+                                && *size == len
+                                && tier.kind == crate::TierKind::Hot
+                                && !ix.entries.contains_key(&id)
+                        }
+                        _ => false,
+                    };
+                    if !sound {
+                        let _ = std::fs::remove_file(&path);
+                        let _ = std::fs::remove_file(&sidecar);
+                        report.discarded += 1;
+                        continue;
+                    }
+                    let (key, len) = (key.expect("checked"), len.expect("checked"));
+                    let pin = core.resolve(&key.path).pin;
+                    let now = now_ms();
+                    ix.insert(
+                        id,
+                        Entry {
+                            key,
+                            tier: tier.kind,
+                            disk_len: len,
+                            data_len: len,
+                            inserted_ms: now,
+                            last_ms: now,
+                            hits: 1,
+                            crf: 1.0,
+                            pin,
+                            moving: false,
+                            generation: 0,
+                        },
+                    );
                 }
                 ScanItem::Stray { path } => {
                     let _ = std::fs::remove_file(&path);

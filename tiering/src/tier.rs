@@ -181,14 +181,12 @@ impl Tier {
                 let path = f.path();
                 let item = match KeyId::from_hex(&name) {
                     Some(id) => ScanItem::Chunk { id, path },
-                    None if name
-                        .strip_suffix(WHOLE_EXT)
-                        .and_then(|n| n.strip_suffix('.'))
-                        .is_some_and(|n| KeyId::from_hex(n).is_some()) =>
-                    {
-                        ScanItem::Whole { path }
-                    }
-                    None => ScanItem::Stray { path },
+                    None => match name.rsplit_once('.').and_then(|(n, ext)| Some((KeyId::from_hex(n)?, ext))) {
+                        Some((id, WHOLE_EXT)) => ScanItem::Whole { id, path },
+                        // Read along with its data file.
+                        Some((_, WHOLE_KEY_EXT)) => continue,
+                        _ => ScanItem::Stray { path },
+                    },
                 };
                 out.push(item);
             }
@@ -210,11 +208,14 @@ pub enum ScanItem {
     Stray {
         path: PathBuf,
     },
-    /// A whole-file copy: derived from chunks, so a restart discards it rather than trust it.
+    /// A whole-file copy; its key is in a sidecar beside it.
     Whole {
+        id: KeyId,
         path: PathBuf,
     },
 }
 
 /// Extension of whole-file copies.
 pub(crate) const WHOLE_EXT: &str = "file";
+/// Extension of the sidecar that holds a whole-file copy's key.
+pub(crate) const WHOLE_KEY_EXT: &str = "filekey";

@@ -4,7 +4,8 @@
 //! A copy is assembled only from chunks that are already in the hot tier, each one verified by
 //! its CRC on the way, so it never holds bytes the cache would not serve. It counts against the
 //! hot tier's capacity like any entry and is evicted like one, but it is derived data: it is
-//! never demoted, and a restart discards it.
+//! never demoted. It is fsynced before it is renamed into place, with its key in a sidecar
+//! file, so a restart keeps a copy only when it is whole.
 
 use crate::core::Core;
 use crate::error::CacheError;
@@ -86,7 +87,7 @@ impl Core {
                 out.write_all(&hit.bytes)?;
                 total += hit.bytes.len() as u64;
             }
-            out.flush()?;
+            out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
             Ok(Some(total))
         })();
         let total = match written {
@@ -101,6 +102,12 @@ impl Core {
                 return Err(io(e));
             }
         };
+        let sidecar = dest.with_extension(crate::tier::WHOLE_KEY_EXT);
+        let key_json = serde_json::to_vec(key).expect("keys serialize");
+        if let Err(e) = std::fs::write(&sidecar, key_json) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io(e));
+        }
         let mut ix = self.lock();
         if ix.entries.contains_key(&id) {
             let _ = std::fs::remove_file(&tmp);
@@ -108,6 +115,7 @@ impl Core {
         }
         if let Err(e) = std::fs::rename(&tmp, &dest) {
             let _ = std::fs::remove_file(&tmp);
+            let _ = std::fs::remove_file(&sidecar);
             return Err(io(e));
         }
         reservation.settle(&mut ix);

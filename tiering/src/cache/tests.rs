@@ -337,7 +337,7 @@ fn a_second_cache_on_the_same_state_dir_is_refused() {
 }
 
 #[tokio::test]
-async fn whole_file_copies_are_built_from_hot_chunks_only_and_never_survive_a_restart() {
+async fn whole_file_copies_are_built_from_hot_chunks_only_and_survive_a_restart_only_whole() {
     use std::io::Read;
     let dir = tempfile::tempdir().unwrap();
     let c = open(dir.path(), 1 << 20, Some(1 << 20), Policy::default());
@@ -364,16 +364,29 @@ async fn whole_file_copies_are_built_from_hot_chunks_only_and_never_survive_a_re
     assert!(c.open_whole(&whole).is_none());
     assert!(walk(&dir.path().join("warm")).iter().all(|p| p.extension().is_none_or(|e| e != "file")));
 
-    // Back in hot, rebuilt, then a restart: the copy is gone from disk and from the index.
+    // Back in hot, rebuilt, then a restart: the copy is kept, bytes and accounting.
     for k in &chunks {
         c.get(k, f.clone(), W).await.unwrap();
     }
     c.wait_background(Duration::from_secs(5)).await;
     assert!(c.build_whole(whole.clone(), chunks.clone()).await.unwrap());
+    let used = c.status().tier(TierKind::Hot).unwrap().used;
     drop(c);
     let c = open(dir.path(), 1 << 20, Some(1 << 20), Policy::default());
+    let mut again = Vec::new();
+    c.open_whole(&whole).unwrap().read_to_end(&mut again).unwrap();
+    assert_eq!(again, want);
+    assert_eq!(c.status().tier(TierKind::Hot).unwrap().used, used);
+
+    // A copy cut short (or without its key) is discarded at restart, never trusted.
+    drop(c);
+    let copy = walk(&dir.path().join("hot")).into_iter().find(|p| p.extension().is_some_and(|e| e == "file")).unwrap();
+    let f2 = std::fs::OpenOptions::new().write(true).open(&copy).unwrap();
+    f2.set_len(CHUNK as u64).unwrap();
+    drop(f2);
+    let c = open(dir.path(), 1 << 20, Some(1 << 20), Policy::default());
     assert!(c.open_whole(&whole).is_none());
-    assert!(walk(&dir.path().join("hot")).iter().all(|p| p.extension().is_none_or(|e| e != "file")));
+    assert!(walk(&dir.path().join("hot")).iter().all(|p| p.extension().is_none_or(|e| e != "file" && e != "filekey")));
 }
 
 #[tokio::test]
