@@ -62,6 +62,13 @@ if ((${#need[@]})); then
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
+# tests/infra/rgw.sh needs these ports; say so now rather than after the build.
+for port in 3300 6789 "${RGW_PORT:-7480}"; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    die "127.0.0.1:$port is in use (another Ceph test cluster running?); this bench starts its own"
+  fi
+done
+
 WORK=${BENCH_DIR:-$(mktemp -d /var/tmp/strata-bench.XXXXXX)}
 mkdir -p "$WORK"/{bin,logs,results,mnt}
 WORK=$(realpath "$WORK")
@@ -228,12 +235,15 @@ read_mibs() {
   mibs "$bytes" "$(elapsed "$t0" "$t1")"
 }
 
-# fio_mibs FILE: bandwidth of random 256 KiB reads of FILE, in MiB/s.
+# fio_mibs FILE: bandwidth of random 256 KiB reads of FILE, in MiB/s. --invalidate=0: by default
+# fio drops the file's cached pages at the start of every pass over it (every SIZE_MB read in a
+# time-based run), which reaches a local file's pages but not those of the local copy behind a
+# FUSE passthrough file, so the two would not be read alike. The caller drops the page cache.
 fio_mibs() {
   local out kib ms err
   out=$(timeout -k 10 $((FIO_RUNTIME + 120)) fio --name=rand --filename="$1" --readonly --rw=randread \
     --bs=256k --size="${SIZE_MB}M" --direct=0 --runtime="$FIO_RUNTIME" --time_based \
-    --ioengine=psync --numjobs=1 --minimal) || { log "fio $1 failed: $out"; return 1; }
+    --ioengine=psync --numjobs=1 --invalidate=0 --minimal) || { log "fio $1 failed: $out"; return 1; }
   # terse v3: field 6 = KiB read, field 9 = read runtime in ms; field 5 = error.
   IFS=';' read -r _ _ _ _ err kib _ _ ms _ < <(grep '^3;' <<<"$out" | tail -n1)
   [[ $err == 0 && $kib -gt 0 && $ms -gt 0 ]] || { log "fio $1: error=$err kib=$kib ms=$ms"; return 1; }

@@ -157,7 +157,7 @@ paxos min wait = 0.01
 admin socket = $DIR/run/\$name.\$pid.asok
 [client.rgw.a]
 admin socket = $DIR/run/\$name.asok
-rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT
+rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT tcp_nodelay=1
 rgw init timeout = $START_TIMEOUT
 EOF
   local asroot=(-c "$CONF" --setuser root --setgroup root)
