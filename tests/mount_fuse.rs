@@ -207,6 +207,19 @@ fn fuse_root_bad_sources_fail_at_mount_time() {
     assert!(!err.status.success(), "wrong credentials must fail the mount");
     let text = String::from_utf8_lossy(&err.stderr);
     assert!(text.contains(&rgw.endpoint), "{text}");
+    // No credentials at all: a clear error, not a trip to the cloud's instance-metadata address.
+    let none = Command::new(BIN)
+        .args(["mount", &format!("s3://{}/x", rgw.bucket), "--endpoint", &rgw.endpoint])
+        .arg(&mnt)
+        .arg("--state-dir")
+        .arg(dir.path().join("s"))
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .output()
+        .unwrap();
+    assert!(!none.status.success(), "a mount without credentials must fail");
+    let text = String::from_utf8_lossy(&none.stderr);
+    assert!(text.contains("no credentials") && text.contains("AWS_ACCESS_KEY_ID"), "{text}");
     let err = run(&["/nonexistent/dataset"]);
     assert!(err.contains("/nonexistent/dataset") && err.contains("not a directory"), "{err}");
     let err = run(&["gs://bucket/x"]);

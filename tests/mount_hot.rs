@@ -114,6 +114,18 @@ fn fuse_root_without_passthrough_the_daemon_serves_every_read() {
     d.stop();
 }
 
+/// `tier policy show` once it mentions `want`: pins follow a write in the background.
+fn policy_with(d: &Daemon, want: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let policy = d.tier_ok(&["policy", "show"]);
+        if policy.contains(want) || Instant::now() > deadline {
+            return policy;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn write_via_rename(dir: &Path, name: &str, bytes: &[u8]) {
     let tmp = dir.join(format!("{name}.tmp"));
     let mut f = std::fs::File::create(&tmp).unwrap();
@@ -136,8 +148,9 @@ fn fuse_root_the_newest_checkpoint_of_a_directory_stays_hot() {
     write_via_rename(&ckpt, "e1.pt", &e1);
     std::thread::sleep(Duration::from_millis(1500));
     write_via_rename(&ckpt, "e2.pt", &e2);
-    let policy = d.tier_ok(&["policy", "show"]);
-    assert!(policy.contains("=ds/ckpt/e2.pt -> hot (newest written into ds/ckpt/)"), "{policy}");
+    let want = "=ds/ckpt/e2.pt -> hot (newest written into ds/ckpt/)";
+    let policy = policy_with(&d, want);
+    assert!(policy.contains(want), "{policy}");
     assert!(!policy.contains("e1.pt ->"), "the older checkpoint is still pinned:\n{policy}");
     assert!(!policy.contains("ds/ckpt/ ->"), "a directory of checkpoints is pinned whole:\n{policy}");
     // Everything idle goes down to warm, except the newest checkpoint (its 3 chunks stay).
@@ -150,8 +163,9 @@ fn fuse_root_the_newest_checkpoint_of_a_directory_stays_hot() {
     std::fs::create_dir(&step).unwrap();
     std::fs::write(step.join("shard0"), &s0).unwrap();
     std::fs::write(step.join("shard1"), &s1).unwrap();
-    let policy = d.tier_ok(&["policy", "show"]);
-    assert!(policy.contains("ds/ckpt/step3/ -> hot (newest written into ds/ckpt/)"), "{policy}");
+    let want = "ds/ckpt/step3/ -> hot (newest written into ds/ckpt/)";
+    let policy = policy_with(&d, want);
+    assert!(policy.contains(want), "{policy}");
     assert!(!policy.contains("e2.pt ->"), "{policy}");
     let out = d.tier_ok(&["demote", "--idle", "0s"]);
     assert!(out.contains("demoted 3 chunks"), "only e2's chunks should leave hot: {out}");

@@ -85,6 +85,9 @@ struct Handle {
     /// Opened for writing on an existing object: reads work, writes are refused.
     in_place: bool,
     ahead: Mutex<ReadAhead>,
+    /// The chunk the last read ended in. The kernel reads at most 1 MiB at a time, so without
+    /// this every read of a larger chunk would look it up, read it whole and check its CRC again.
+    last: Mutex<Option<(u64, Bytes)>>,
 }
 
 /// Settings of the core.
@@ -136,14 +139,7 @@ pub struct FsCore {
     next_stage: std::sync::atomic::AtomicU64,
     demand: Arc<tokio::sync::Semaphore>,
     ahead: Arc<tokio::sync::Semaphore>,
-    /// When this mount first wrote into each directory, to tell checkpoint directories from
-    /// directories of checkpoints.
-    first_write: Mutex<HashMap<String, Instant>>,
-    /// Orders the caching of a closed file's staged bytes against renames, so a rename right
-    /// after close finds the cached chunks to move to the new name.
-    cache_order: tokio::sync::Mutex<()>,
-    /// Files to assemble whole-file copies of, for passthrough; one worker drains it.
-    assemble: Option<tokio::sync::mpsc::UnboundedSender<(String, Node)>>,
+    keeper: Arc<crate::keeper::Keeper>,
 }
 
 impl std::fmt::Debug for FsCore {
@@ -179,10 +175,17 @@ impl FsCore {
         };
         let negative = moka::sync::Cache::builder().max_capacity(100_000).time_to_live(opts.negative_ttl).build();
         let assemble = opts.passthrough.then(|| crate::assemble::start(ns.clone(), cache.clone())).flatten();
-        FsCore {
-            assemble,
+        let keeper = Arc::new(crate::keeper::Keeper {
+            ns: ns.clone(),
+            cache: cache.clone(),
+            keep_newest_hot: opts.keep_newest_hot,
+            checkpoint_window: opts.checkpoint_window,
             first_write: Mutex::new(HashMap::new()),
-            cache_order: tokio::sync::Mutex::new(()),
+            order: tokio::sync::Mutex::new(()),
+            assemble,
+        });
+        FsCore {
+            keeper,
             ns,
             cache,
             opts,
@@ -241,7 +244,7 @@ impl FsCore {
     }
 
     pub fn passthrough_wanted(&self) -> bool {
-        self.assemble.is_some()
+        self.keeper.assemble.is_some()
     }
 
     pub fn writable(&self) -> bool {
@@ -436,8 +439,16 @@ impl FsCore {
     ) -> u64 {
         let fetcher = self.ns.fetcher(&path, &node);
         let fh = self.next_fh.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let h =
-            Arc::new(Handle { ino, path, node, fetcher, staged, in_place, ahead: Mutex::new(ReadAhead::default()) });
+        let h = Arc::new(Handle {
+            ino,
+            path,
+            node,
+            fetcher,
+            staged,
+            in_place,
+            ahead: Mutex::new(ReadAhead::default()),
+            last: Mutex::new(None),
+        });
         self.handles.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, h);
         fh
     }
@@ -464,18 +475,9 @@ impl FsCore {
                 Some(f)
             }
             None => {
-                self.request_whole(&h.path, &h.node);
+                self.keeper.request_whole(&h.path, &h.node);
                 None
             }
-        }
-    }
-
-    fn request_whole(&self, path: &str, node: &Node) {
-        if let Some(q) = &self.assemble
-            && node.size > 0
-            && !node.version.is_empty()
-        {
-            let _ = q.send((path.to_string(), node.clone()));
         }
     }
 
@@ -628,7 +630,7 @@ impl FsCore {
         let Some(staged) = &h.staged else {
             // A reader done with a file may have pulled all of it into the hot tier.
             if !h.in_place {
-                self.request_whole(&h.path, &h.node);
+                self.keeper.request_whole(&h.path, &h.node);
             }
             return Ok(());
         };
@@ -654,7 +656,7 @@ impl FsCore {
     /// Reads a published file's staged bytes into the cache under the new object's keys, so
     /// the checkpoint just written is hot for the next restart.
     async fn keep_as_cache(&self, s: &Staged, ino: u64) {
-        let _order = self.cache_order.lock().await;
+        let _order = self.keeper.order.lock().await;
         let Ok(i) = self.inode(ino) else { return };
         let chunk = self.ns.chunk_size();
         let mut index = 0;
@@ -666,80 +668,8 @@ impl FsCore {
             }
             index += 1;
         }
-        self.request_whole(&i.path, &i.node);
-        self.keep_newest(&i.path, &i.node).await;
-    }
-
-    /// Pins a just-written file as the newest entry of its directory. If the directory is
-    /// itself one checkpoint (all written within the checkpoint window), the whole directory is
-    /// pinned as the newest entry of its parent instead of the previous one there, and the
-    /// older step directories' pins go. A directory written into over a longer time is a
-    /// directory of checkpoints and loses such a pin. A pin that does not fit is only logged:
-    /// the write itself has succeeded.
-    async fn keep_newest(&self, path: &str, node: &Node) {
-        if !self.opts.keep_newest_hot {
-            return;
-        }
-        let key_path = self.ns.chunk_key(path, node, 0).path;
-        let Some((key_dir, _)) = key_path.rsplit_once('/') else { return };
-        let (key_dir, key_parent) = (key_dir.to_string(), key_dir.rsplit_once('/').map(|(p, _)| p.to_string()));
-        let fresh = {
-            let mut first = self.first_write.lock().unwrap_or_else(|p| p.into_inner());
-            first.entry(key_dir.clone()).or_insert_with(Instant::now).elapsed() < self.opts.checkpoint_window
-        };
-        self.pin_newest(&key_dir, &format!("={key_path}")).await;
-        let Some(parent) = key_parent else { return };
-        let dir_pattern = format!("{key_dir}/");
-        if fresh {
-            self.pin_newest(&parent, &dir_pattern).await;
-            let (under, keep) = (format!("{parent}/"), key_dir.clone());
-            let _ = self.cache.unpin_newest(move |g| g.starts_with(&under) && g != keep).await;
-        } else {
-            let pinned_here = self
-                .cache
-                .pins()
-                .iter()
-                .any(|p| p.newest_of.as_deref() == Some(parent.as_str()) && p.pattern.to_string() == dir_pattern);
-            if pinned_here {
-                let _ = self.cache.unpin_newest(move |g| g == parent).await;
-            }
-        }
-    }
-
-    async fn pin_newest(&self, group: &str, pattern: &str) {
-        let Ok(p) = strata_tiering::PathPattern::parse(pattern) else { return };
-        if let Err(e) = self.cache.pin_newest(group, p).await {
-            tracing::warn!(path = %pattern, error = %e, "cannot keep the newest checkpoint hot");
-        }
-    }
-
-    fn chunk_keys(&self, path: &str, node: &Node) -> Vec<strata_tiering::ChunkKey> {
-        crate::assemble::keys(self.ns.as_ref(), path, node).1
-    }
-
-    /// After a rename of a published file, moves its cached chunks to the keys of the new
-    /// name, so a checkpoint written to a temp name and renamed stays hot under its real name.
-    async fn rekey_cached(&self, from: &str, old: &Node, to: &str, new: &Node) {
-        if old.size != new.size || new.version.is_empty() {
-            return;
-        }
-        let chunk = self.ns.chunk_size().max(1);
-        for i in 0..new.size.div_ceil(chunk) {
-            let old_key = self.ns.chunk_key(from, old, i);
-            let Some(bytes) = self.cache.get_local_blocking(&old_key) else { return };
-            let new_key = self.ns.chunk_key(to, new, i);
-            if self.cache.put(new_key, bytes, strata_tiering::TierKind::Hot).await.is_err() {
-                return;
-            }
-        }
-        // The new name takes over the pin first: eviction leaves pinned chunks alone.
-        self.keep_newest(to, new).await;
-        let (old_path, new_path) = (self.ns.chunk_key(from, old, 0).path, self.ns.chunk_key(to, new, 0).path);
-        if new_path != old_path {
-            let _ = self.cache.discard(self.chunk_keys(from, old)).await;
-            let _ = self.cache.discard(vec![crate::assemble::keys(self.ns.as_ref(), from, old).0]).await;
-        }
-        self.request_whole(to, new);
+        self.keeper.request_whole(&i.path, &i.node);
+        self.keeper.keep_newest(&i.path, &i.node).await;
     }
 
     pub async fn unlink(&self, parent: u64, name: &str) -> Result<(), FsError> {
@@ -883,9 +813,10 @@ impl FsCore {
         self.forget_name(parent, name);
         self.forget_name(new_parent, new_name);
         if let Some(new) = rekey {
-            // After any caching of the closed file's bytes under the old name has finished.
-            let _order = self.cache_order.lock().await;
-            self.rekey_cached(&from.path, &from.node, &to_path, &new).await;
+            // In the background: the rename is done, and keeping the file hot under its new
+            // name is local copying that the caller need not wait for.
+            let (keeper, from_path, old) = (self.keeper.clone(), from.path.clone(), from.node.clone());
+            tokio::spawn(async move { keeper.rekey_cached(&from_path, &old, &to_path, &new).await });
         }
         Ok(())
     }
@@ -933,11 +864,16 @@ impl FsCore {
         if let Some(range) = ahead {
             self.read_ahead(&h, range);
         }
+        let memo = h.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let reads = (first..=last).map(|i| {
             let key = self.ns.chunk_key(&h.path, &h.node, i);
             let fetcher = h.fetcher.clone();
             let budget = self.demand.clone();
+            let hit = memo.as_ref().filter(|(m, _)| *m == i).map(|(_, b)| b.clone());
             async move {
+                if let Some(b) = hit {
+                    return Ok((i, b));
+                }
                 let _permit = budget.acquire_owned().await;
                 self.cache.get(&key, fetcher, Default::default()).await.map(|b| (i, b))
             }
@@ -945,6 +881,12 @@ impl FsCore {
         let chunks = futures::future::try_join_all(reads)
             .await
             .map_err(|source| FsError::Read { path: h.path.clone(), source })?;
+        if let Some((i, b)) = chunks.last()
+            && (i + 1) * chunk > end
+        {
+            // The next sequential read continues in this chunk.
+            *h.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((*i, b.clone()));
+        }
         if chunks.len() == 1 {
             let (i, b) = &chunks[0];
             let start = ((offset - i * chunk) as usize).min(b.len());

@@ -190,6 +190,19 @@ impl ObjectSource {
                 if let Some(t) = &c.session_token {
                     b = b.with_token(t);
                 }
+                // Without keys, the client would go on to ask the cloud's instance-metadata
+                // address, which only makes sense on AWS itself; an RGW user gets a clear error.
+                if let Some(e) = &c.endpoint
+                    && b.get_config_value(&object_store::aws::AmazonS3ConfigKey::AccessKeyId).is_none()
+                {
+                    return Err(cfg_err(
+                        "access_key_id",
+                        format!(
+                            "no credentials for the endpoint `{e}`: set cold.access_key_id and \
+                             cold.secret_access_key, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+                        ),
+                    ));
+                }
                 let opts = ClientOptions::new().with_connect_timeout(c.connect_timeout.0).with_timeout(c.timeout.0);
                 // with_client_options replaces the whole option set, allow_http included, so it
                 // must come before with_allow_http.

@@ -1,0 +1,108 @@
+//! What keeps written checkpoints hot: pins on the newest entry of each directory, moving a
+//! renamed file's cached chunks to its new name, and asking for whole-file copies. Shared by the
+//! core and the background tasks it starts, so a rename need not wait for any of it.
+
+use crate::namespace::{Namespace, Node};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use strata_tiering::TieredCache;
+
+pub(crate) struct Keeper {
+    pub ns: Arc<dyn Namespace>,
+    pub cache: TieredCache,
+    pub keep_newest_hot: bool,
+    pub checkpoint_window: Duration,
+    /// When this mount first wrote into each directory, to tell checkpoint directories from
+    /// directories of checkpoints.
+    pub first_write: Mutex<HashMap<String, Instant>>,
+    /// Orders the caching of a closed file's staged bytes before the move of those chunks to a
+    /// new name, so a rename right after close finds them.
+    pub order: tokio::sync::Mutex<()>,
+    /// Files to assemble whole-file copies of, for passthrough; one worker drains it.
+    pub assemble: Option<tokio::sync::mpsc::UnboundedSender<(String, Node)>>,
+}
+
+impl Keeper {
+    pub fn request_whole(&self, path: &str, node: &Node) {
+        if let Some(q) = &self.assemble
+            && node.size > 0
+            && !node.version.is_empty()
+        {
+            let _ = q.send((path.to_string(), node.clone()));
+        }
+    }
+
+    /// Pins a just-written file as the newest entry of its directory. If the directory is
+    /// itself one checkpoint (all written within the checkpoint window), the whole directory is
+    /// pinned as the newest entry of its parent instead of the previous one there, and the
+    /// older step directories' pins go. A directory written into over a longer time is a
+    /// directory of checkpoints and loses such a pin. A pin that does not fit is only logged:
+    /// the write itself has succeeded.
+    pub async fn keep_newest(&self, path: &str, node: &Node) {
+        if !self.keep_newest_hot {
+            return;
+        }
+        let key_path = self.ns.chunk_key(path, node, 0).path;
+        let Some((key_dir, _)) = key_path.rsplit_once('/') else { return };
+        let (key_dir, key_parent) = (key_dir.to_string(), key_dir.rsplit_once('/').map(|(p, _)| p.to_string()));
+        let fresh = {
+            let mut first = self.first_write.lock().unwrap_or_else(|p| p.into_inner());
+            first.entry(key_dir.clone()).or_insert_with(Instant::now).elapsed() < self.checkpoint_window
+        };
+        self.pin_newest(&key_dir, &format!("={key_path}")).await;
+        let Some(parent) = key_parent else { return };
+        let dir_pattern = format!("{key_dir}/");
+        if fresh {
+            self.pin_newest(&parent, &dir_pattern).await;
+            let (under, keep) = (format!("{parent}/"), key_dir.clone());
+            let _ = self.cache.unpin_newest(move |g| g.starts_with(&under) && g != keep).await;
+        } else {
+            let pinned_here = self
+                .cache
+                .pins()
+                .iter()
+                .any(|p| p.newest_of.as_deref() == Some(parent.as_str()) && p.pattern.to_string() == dir_pattern);
+            if pinned_here {
+                let _ = self.cache.unpin_newest(move |g| g == parent).await;
+            }
+        }
+    }
+
+    pub async fn pin_newest(&self, group: &str, pattern: &str) {
+        let Ok(p) = strata_tiering::PathPattern::parse(pattern) else { return };
+        if let Err(e) = self.cache.pin_newest(group, p).await {
+            tracing::warn!(path = %pattern, error = %e, "cannot keep the newest checkpoint hot");
+        }
+    }
+
+    fn chunk_keys(&self, path: &str, node: &Node) -> Vec<strata_tiering::ChunkKey> {
+        crate::assemble::keys(self.ns.as_ref(), path, node).1
+    }
+
+    /// After a rename of a published file, moves its cached chunks to the keys of the new
+    /// name, so a checkpoint written to a temp name and renamed stays hot under its real name.
+    pub async fn rekey_cached(&self, from: &str, old: &Node, to: &str, new: &Node) {
+        if old.size != new.size || new.version.is_empty() {
+            return;
+        }
+        // After any caching of the closed file's bytes under the old name has finished.
+        let _order = self.order.lock().await;
+        let chunk = self.ns.chunk_size().max(1);
+        for i in 0..new.size.div_ceil(chunk) {
+            let old_key = self.ns.chunk_key(from, old, i);
+            let Some(bytes) = self.cache.get_local_blocking(&old_key) else { return };
+            let new_key = self.ns.chunk_key(to, new, i);
+            if self.cache.put(new_key, bytes, strata_tiering::TierKind::Hot).await.is_err() {
+                return;
+            }
+        }
+        let (old_path, new_path) = (self.ns.chunk_key(from, old, 0).path, self.ns.chunk_key(to, new, 0).path);
+        if new_path != old_path {
+            let _ = self.cache.discard(self.chunk_keys(from, old)).await;
+            let _ = self.cache.discard(vec![crate::assemble::keys(self.ns.as_ref(), from, old).0]).await;
+        }
+        self.keep_newest(to, new).await;
+        self.request_whole(to, new);
+    }
+}
