@@ -827,8 +827,12 @@ impl FsCore {
     /// half of the memory budget allows right now; what does not fit is simply not prefetched.
     fn read_ahead(&self, h: &Handle, range: std::ops::Range<u64>) {
         for i in range {
-            let Ok(permit) = self.ahead.clone().try_acquire_owned() else { return };
             let key = self.ns.chunk_key(&h.path, &h.node, i);
+            // Already in a tier: prefetching it would only read and verify it for nothing.
+            if self.cache.location(&key).is_some() {
+                continue;
+            }
+            let Ok(permit) = self.ahead.clone().try_acquire_owned() else { return };
             let (cache, fetcher) = (self.cache.clone(), h.fetcher.clone());
             tokio::spawn(async move {
                 let opts = strata_tiering::GetOptions { tier: None, wait_cached: true };
