@@ -76,10 +76,6 @@ impl Keeper {
         }
     }
 
-    fn chunk_keys(&self, path: &str, node: &Node) -> Vec<strata_tiering::ChunkKey> {
-        crate::assemble::keys(self.ns.as_ref(), path, node).1
-    }
-
     /// After a rename of a published file, moves its cached chunks to the keys of the new
     /// name, so a checkpoint written to a temp name and renamed stays hot under its real name.
     pub async fn rekey_cached(&self, from: &str, old: &Node, to: &str, new: &Node) {
@@ -99,8 +95,9 @@ impl Keeper {
         }
         let (old_path, new_path) = (self.ns.chunk_key(from, old, 0).path, self.ns.chunk_key(to, new, 0).path);
         if new_path != old_path {
-            let _ = self.cache.discard(self.chunk_keys(from, old)).await;
-            let _ = self.cache.discard(vec![crate::assemble::keys(self.ns.as_ref(), from, old).0]).await;
+            let (whole, mut stale) = crate::assemble::keys(self.ns.as_ref(), from, old);
+            stale.push(whole);
+            let _ = self.cache.discard(stale).await;
         }
         self.keep_newest(to, new).await;
         self.request_whole(to, new);

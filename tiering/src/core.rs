@@ -436,22 +436,7 @@ impl Core {
         })?;
         reservation.settle(&mut ix);
         let now = now_ms();
-        ix.insert(
-            id,
-            Entry {
-                key: key.clone(),
-                tier,
-                disk_len: len,
-                data_len: data.len() as u64,
-                inserted_ms: now,
-                last_ms: now,
-                hits: 1,
-                crf: 1.0,
-                pin,
-                moving: false,
-                generation: 0,
-            },
-        );
+        ix.insert(id, Entry::new(key.clone(), tier, len, data.len() as u64, now, pin));
         self.metrics.bytes_written.get_or_create(&metrics::tier(tier)).inc_by(data.len() as u64);
         self.update_gauges(&ix);
         Ok(())

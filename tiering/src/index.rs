@@ -31,6 +31,23 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
+    /// A new entry, accessed once at `at_ms`.
+    pub fn new(key: ChunkKey, tier: TierKind, disk_len: u64, data_len: u64, at_ms: u64, pin: Option<TierKind>) -> Self {
+        Entry {
+            key,
+            tier,
+            disk_len,
+            data_len,
+            inserted_ms: at_ms,
+            last_ms: at_ms,
+            hits: 1,
+            crf: 1.0,
+            pin,
+            moving: false,
+            generation: 0,
+        }
+    }
+
     pub fn touch(&mut self, now: u64, half_life_ms: f64) {
         self.crf = 1.0 + self.crf_at(now, half_life_ms);
         self.last_ms = now.max(self.last_ms);

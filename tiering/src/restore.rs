@@ -63,23 +63,7 @@ pub(crate) fn rebuild_index(core: &Core) -> RebuildReport {
                     }
                     let (key, len) = (key.expect("checked"), len.expect("checked"));
                     let pin = core.resolve(&key.path).pin;
-                    let now = now_ms();
-                    ix.insert(
-                        id,
-                        Entry {
-                            key,
-                            tier: tier.kind,
-                            disk_len: len,
-                            data_len: len,
-                            inserted_ms: now,
-                            last_ms: now,
-                            hits: 1,
-                            crf: 1.0,
-                            pin,
-                            moving: false,
-                            generation: 0,
-                        },
-                    );
+                    ix.insert(id, Entry::new(key, tier.kind, len, len, now_ms(), pin));
                 }
                 ScanItem::Stray { path } => {
                     let _ = std::fs::remove_file(&path);

@@ -121,22 +121,7 @@ impl Core {
         reservation.settle(&mut ix);
         let now = now_ms();
         let pin = self.resolve(&key.path).pin;
-        ix.insert(
-            id,
-            Entry {
-                key: key.clone(),
-                tier: TierKind::Hot,
-                disk_len: total,
-                data_len: total,
-                inserted_ms: now,
-                last_ms: now,
-                hits: 1,
-                crf: 1.0,
-                pin,
-                moving: false,
-                generation: 0,
-            },
-        );
+        ix.insert(id, Entry::new(key.clone(), TierKind::Hot, total, total, now, pin));
         self.metrics.bytes_written.get_or_create(&metrics::tier(TierKind::Hot)).inc_by(total);
         self.update_gauges(&ix);
         Ok(Some(()))
