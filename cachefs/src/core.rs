@@ -5,6 +5,7 @@
 use crate::namespace::{Namespace, Node, NodeKind, NsError};
 use crate::readahead::ReadAhead;
 use crate::staging::{self, Staged};
+use crate::window::{ChunkFuture, Window};
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -12,6 +13,10 @@ use std::time::{Duration, Instant, SystemTime};
 use strata_tiering::{CacheError, Fetcher, TieredCache};
 
 pub const ROOT: u64 = 1;
+
+/// A reader that has not read for this long gives back the memory its read-ahead holds when
+/// another reader needs it.
+const IDLE_READER: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
@@ -26,7 +31,7 @@ pub enum FsError {
     #[error("listing {dir} failed: {source}")]
     List { dir: String, source: NsError },
     #[error("reading {path} failed: {source}")]
-    Read { path: String, source: CacheError },
+    Read { path: String, source: Arc<CacheError> },
     #[error("{0}")]
     NotSupported(&'static str),
     #[error("already exists")]
@@ -85,9 +90,7 @@ struct Handle {
     /// Opened for writing on an existing object: reads work, writes are refused.
     in_place: bool,
     ahead: Mutex<ReadAhead>,
-    /// The chunk the last read ended in. The kernel reads at most 1 MiB at a time, so without
-    /// this every read of a larger chunk would look it up, read it whole and check its CRC again.
-    last: Mutex<Option<(u64, Bytes)>>,
+    window: Mutex<Window>,
 }
 
 /// Settings of the core.
@@ -447,7 +450,7 @@ impl FsCore {
             staged,
             in_place,
             ahead: Mutex::new(ReadAhead::default()),
-            last: Mutex::new(None),
+            window: Mutex::new(Window::default()),
         });
         self.handles.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, h);
         fh
@@ -821,28 +824,61 @@ impl FsCore {
         Ok(())
     }
 
-    /// Reads `size` bytes at `offset` of an open file, fetching only the chunks it touches,
-    /// all of them at once.
-    /// Fetches chunks ahead of a sequential reader into the cache, as far as the read-ahead
-    /// half of the memory budget allows right now; what does not fit is simply not prefetched.
+    /// Starts loading chunk `i` of what `h` reads, through the cache, as a task of its own so
+    /// it goes on while nobody waits on it. A demand load holds a share of the memory budget
+    /// while it fetches.
+    fn load(&self, h: &Handle, i: u64, budget: Option<Arc<tokio::sync::Semaphore>>) -> ChunkFuture {
+        use futures::FutureExt;
+        let key = self.ns.chunk_key(&h.path, &h.node, i);
+        let (cache, fetcher) = (self.cache.clone(), h.fetcher.clone());
+        let task = tokio::spawn(async move {
+            let _permit = match budget {
+                Some(b) => Some(b.acquire_owned().await),
+                None => None,
+            };
+            cache.get(&key, fetcher, Default::default()).await.map_err(Arc::new)
+        });
+        async move { task.await.unwrap_or_else(|e| Err(Arc::new(CacheError::Task(e.to_string())))) }.boxed().shared()
+    }
+
+    /// Loads chunks ahead of a sequential reader into its window, each under a share of the
+    /// read-ahead half of the memory budget. When that is used up, the budget held by readers
+    /// that have gone idle is taken back once; what still does not fit is not read ahead.
     fn read_ahead(&self, h: &Handle, range: std::ops::Range<u64>) {
+        let mut reclaimed = false;
         for i in range {
-            let key = self.ns.chunk_key(&h.path, &h.node, i);
-            // Already in a tier: prefetching it would only read and verify it for nothing.
-            if self.cache.location(&key).is_some() {
+            if h.window.lock().unwrap_or_else(|p| p.into_inner()).contains(i) {
                 continue;
             }
-            let Ok(permit) = self.ahead.clone().try_acquire_owned() else { return };
-            let (cache, fetcher) = (self.cache.clone(), h.fetcher.clone());
-            tokio::spawn(async move {
-                let opts = strata_tiering::GetOptions { tier: None, wait_cached: true };
-                // A failed prefetch is not an error: the demand read will fetch and report.
-                let _ = cache.get(&key, fetcher, opts).await;
-                drop(permit);
-            });
+            let permit = match self.ahead.clone().try_acquire_owned() {
+                Ok(p) => p,
+                Err(_) if !reclaimed => {
+                    reclaimed = true;
+                    self.reclaim_idle_read_ahead(h);
+                    match self.ahead.clone().try_acquire_owned() {
+                        Ok(p) => p,
+                        Err(_) => return,
+                    }
+                }
+                Err(_) => return,
+            };
+            let chunk = self.load(h, i, None);
+            h.window.lock().unwrap_or_else(|p| p.into_inner()).ahead(i, chunk, permit);
         }
     }
 
+    fn reclaim_idle_read_ahead(&self, reader: &Handle) {
+        let handles: Vec<Arc<Handle>> =
+            self.handles.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        for other in handles {
+            if !std::ptr::eq(other.as_ref(), reader) {
+                other.window.lock().unwrap_or_else(|p| p.into_inner()).release_if_idle(IDLE_READER);
+            }
+        }
+    }
+
+    /// Reads `size` bytes at `offset` of an open file, loading only the chunks it touches, all
+    /// of them at once, and reading ahead of a sequential reader.
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, FsError> {
         let h = self.handle(fh)?;
         if let Some(staged) = &h.staged {
@@ -865,32 +901,19 @@ impl FsCore {
             file_size,
             self.opts.max_read_ahead,
         );
+        let loads: Vec<(u64, ChunkFuture)> = {
+            let mut w = h.window.lock().unwrap_or_else(|p| p.into_inner());
+            w.advance(first, last, self.opts.max_read_ahead.div_ceil(chunk) + 1);
+            (first..=last).map(|i| (i, w.demand(i, || self.load(&h, i, Some(self.demand.clone()))))).collect()
+        };
+        // After the demand loads, so they are queued first.
         if let Some(range) = ahead {
             self.read_ahead(&h, range);
         }
-        let memo = h.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let reads = (first..=last).map(|i| {
-            let key = self.ns.chunk_key(&h.path, &h.node, i);
-            let fetcher = h.fetcher.clone();
-            let budget = self.demand.clone();
-            let hit = memo.as_ref().filter(|(m, _)| *m == i).map(|(_, b)| b.clone());
-            async move {
-                if let Some(b) = hit {
-                    return Ok((i, b));
-                }
-                let _permit = budget.acquire_owned().await;
-                self.cache.get(&key, fetcher, Default::default()).await.map(|b| (i, b))
-            }
-        });
+        let reads = loads.into_iter().map(|(i, load)| async move { load.await.map(|b| (i, b)) });
         let chunks = futures::future::try_join_all(reads)
             .await
             .map_err(|source| FsError::Read { path: h.path.clone(), source })?;
-        if let Some((i, b)) = chunks.last()
-            && (i + 1) * chunk > end
-        {
-            // The next sequential read continues in this chunk.
-            *h.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((*i, b.clone()));
-        }
         if chunks.len() == 1 {
             let (i, b) = &chunks[0];
             let start = ((offset - i * chunk) as usize).min(b.len());

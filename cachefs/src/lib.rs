@@ -16,6 +16,7 @@ mod passthrough;
 pub mod readahead;
 pub mod snapshot;
 pub mod staging;
+mod window;
 
 pub use crate::core::{FsCore, FsError, FsOptions};
 pub use crate::dataset::{DatasetMount, Mounted, mount_dataset};

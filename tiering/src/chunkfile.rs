@@ -15,6 +15,11 @@ const VERSION: u8 = 2;
 /// magic(4) version(1) reserved(3) data_len(8) crc32c(4) key_len(4) key_id(32). The key id sits
 /// in the fixed part so the read path can check it without parsing the key.
 pub const FIXED_HEADER: usize = 56;
+/// Where the CRC sits in the header.
+const CRC_AT: u64 = 16;
+/// Data is checksummed and moved in pieces this big: small enough to stay in the CPU's cache
+/// between the checksum and the copy.
+const PIECE: usize = 256 << 10;
 
 /// CRC32C (Castagnoli), computed with carry-less multiply where the CPU has it: about four times
 /// faster than the plain SSE4.2 instruction, which matters because every read verifies.
@@ -65,21 +70,30 @@ fn key_bytes(key: &ChunkKey) -> Vec<u8> {
 
 /// Writes `data` for `key` to the temp file `tmp`; the caller renames it into place, so a reader
 /// never sees a partial file under a chunk's name. `sync` adds an fsync before returning.
+///
+/// The data goes out in pieces, each checksummed just before it is written, so it crosses the
+/// memory bus once for both; the checksum then goes into the header.
 pub fn write_tmp(tmp: &Path, key: &ChunkKey, data: &[u8], sync: bool) -> io::Result<u64> {
+    use std::os::unix::fs::FileExt;
     let kb = key_bytes(key);
     let mut hdr = Vec::with_capacity(FIXED_HEADER + kb.len());
     hdr.extend_from_slice(MAGIC);
     hdr.push(VERSION);
     hdr.extend_from_slice(&[0, 0, 0]);
     hdr.extend_from_slice(&(data.len() as u64).to_le_bytes());
-    hdr.extend_from_slice(&crc32c(data).to_le_bytes());
+    hdr.extend_from_slice(&[0; 4]);
     hdr.extend_from_slice(&(kb.len() as u32).to_le_bytes());
     hdr.extend_from_slice(&key.id().0);
     hdr.extend_from_slice(&kb);
     let result = (|| {
         let mut f = File::create(tmp)?;
         f.write_all(&hdr)?;
-        f.write_all(data)?;
+        let mut crc = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+        for piece in data.chunks(PIECE) {
+            crc.update(piece);
+            f.write_all(piece)?;
+        }
+        f.write_all_at(&(crc.finalize() as u32).to_le_bytes(), CRC_AT)?;
         if sync {
             f.sync_data()?;
         }
@@ -135,36 +149,65 @@ pub fn read_verified(path: &Path, expect: KeyId) -> Result<Bytes, ChunkFileError
 }
 
 /// As [`read_verified`], from a file the caller opened (under the index lock, so eviction cannot
-/// unlink it first) and whose length it knows from the index. The whole file is read with one
-/// call into an exact-size buffer, and the data is returned as a slice of it, without a copy.
+/// unlink it first) and whose length it knows from the index. The file is read into one
+/// exact-size buffer, in pieces each checksummed as soon as it arrives (while it is still in the
+/// CPU's cache), and the data is returned as a slice of the buffer, without a copy.
 pub fn read_verified_file(mut f: File, expect: KeyId, file_len: u64) -> Result<Bytes, ChunkFileError> {
-    let mut buf = Vec::with_capacity(file_len as usize);
-    // File's own read_to_end sizes its reads from the file's length, so the whole chunk comes in
-    // one read call; a length-limited reader would creep up from 8 KiB reads. A file that grew
-    // or shrank shows up below as torn.
-    f.read_to_end(&mut buf)?;
-    let actual = buf.len() as u64;
-    if buf.len() < FIXED_HEADER || &buf[0..4] != MAGIC || buf[4] != VERSION {
+    let mut buf = vec![0u8; (file_len as usize).max(FIXED_HEADER)];
+    read_full(&mut f, &mut buf[..FIXED_HEADER])?;
+    if &buf[0..4] != MAGIC || buf[4] != VERSION {
         return Err(ChunkFileError::BadHeader);
     }
     let data_len = u64::from_le_bytes(buf[8..16].try_into().expect("8 bytes"));
     let stored = u32::from_le_bytes(buf[16..20].try_into().expect("4 bytes"));
     let key_len = u32::from_le_bytes(buf[20..24].try_into().expect("4 bytes")) as u64;
-    let data_offset = FIXED_HEADER as u64 + key_len;
-    let expected = data_offset.saturating_add(data_len);
-    if expected != actual {
-        return Err(ChunkFileError::Torn { expected, actual });
-    }
     if buf[24..56] != expect.0 {
         let mut found = [0u8; 32];
         found.copy_from_slice(&buf[24..56]);
         return Err(ChunkFileError::WrongKey { expected: expect, found: KeyId(found) });
     }
-    let computed = crc32c(&buf[data_offset as usize..]);
+    let data_offset = FIXED_HEADER as u64 + key_len;
+    let expected = data_offset.saturating_add(data_len);
+    if expected != file_len {
+        return Err(ChunkFileError::Torn { expected, actual: file_len });
+    }
+    let mut crc = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+    let mut at = FIXED_HEADER;
+    while at < buf.len() {
+        let end = (at + PIECE).min(buf.len());
+        let n = read_full(&mut f, &mut buf[at..end])?;
+        if n == 0 {
+            return Err(ChunkFileError::Torn { expected, actual: at as u64 });
+        }
+        let from = at.max(data_offset as usize);
+        if from < at + n {
+            crc.update(&buf[from..at + n]);
+        }
+        at += n;
+    }
+    // A file that grew since the index recorded its length is as suspect as one that shrank.
+    if f.read(&mut [0u8; 1])? != 0 {
+        return Err(ChunkFileError::Torn { expected, actual: expected + 1 });
+    }
+    let computed = crc.finalize() as u32;
     if computed != stored {
         return Err(ChunkFileError::Checksum { stored, computed });
     }
     Ok(Bytes::from(buf).slice(data_offset as usize..))
+}
+
+/// Reads until `buf` is full or the file ends; returns how much it read.
+fn read_full(f: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(r) => n += r,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }
 
 #[cfg(test)]
