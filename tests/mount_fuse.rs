@@ -396,9 +396,10 @@ fn fuse_root_rgw_sigkill_mid_upload_leaves_no_torn_object() {
         Some(n) => assert_eq!(n, whole, "a torn object is visible after SIGKILL"),
     }
     // Wait for the auto-unmount, then start again on the same state: the staged copy goes up.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // Generous: under a loaded CI machine fusermount's auto-unmount can take seconds.
+    let deadline = Instant::now() + Duration::from_secs(60);
     while mounted(&m.mnt) {
-        assert!(Instant::now() < deadline);
+        assert!(Instant::now() < deadline, "the killed mount was never unmounted");
         std::thread::sleep(Duration::from_millis(50));
     }
     let dir = std::mem::replace(&mut m._dir, tempfile::tempdir().unwrap());
