@@ -5,6 +5,7 @@
 use crate::namespace::{Namespace, Node, NodeKind, NsError};
 use crate::readahead::ReadAhead;
 use crate::staging::{self, Staged};
+use crate::streaming::StreamError;
 use crate::window::{ChunkFuture, Window};
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
@@ -217,6 +218,11 @@ impl FsCore {
             let target = &l.manifest.target;
             let line = if !l.manifest.complete {
                 format!("{target}: left incomplete by a crash mid-write; not uploaded, kept at {}", l.data.display())
+            } else if !staging::holds_recorded_content(&l.manifest, &l.data).unwrap_or(false) {
+                format!(
+                    "{target}: complete when written, but a crash damaged the staged copy before it reached the disk; not uploaded, kept at {}",
+                    l.data.display()
+                )
             } else if !upload {
                 format!(
                     "{target}: complete but not uploaded (upload of leftovers is off); kept at {}",
@@ -562,6 +568,10 @@ impl FsCore {
         let staged = h.staged.as_ref().ok_or(FsError::NotWritable)?;
         let mut s = staged.lock().await;
         s.write_at(offset, data).map_err(|source| FsError::Stage { path: h.path.clone(), source })?;
+        let parts = crate::streaming::pump(self.ns.as_ref(), &mut s).await;
+        if parts > 0 {
+            self.cache.metrics().fs_parts_while_writing.inc_by(parts);
+        }
         let len = s.len;
         drop(s);
         self.update_size(h.ino, len);
@@ -610,12 +620,18 @@ impl FsCore {
             return Ok(());
         }
         let path = s.target.clone();
-        s.seal().map_err(|source| FsError::Stage { path: path.clone(), source })?;
-        let node = self
-            .ns
-            .publish(&path, s.data_path())
-            .await
-            .map_err(|source| FsError::Publish { path: path.clone(), source })?;
+        let node = match crate::streaming::finish(self.ns.as_ref(), &mut s).await {
+            Some(Ok(node)) => node,
+            Some(Err(StreamError::Store(source))) => return Err(FsError::Publish { path, source }),
+            Some(Err(StreamError::Stage(source))) => return Err(FsError::Stage { path, source }),
+            None => {
+                s.seal().map_err(|source| FsError::Stage { path: path.clone(), source })?;
+                self.ns
+                    .publish(&path, s.data_path())
+                    .await
+                    .map_err(|source| FsError::Publish { path: path.clone(), source })?
+            }
+        };
         s.dirty = false;
         drop(s);
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&path);
@@ -648,7 +664,7 @@ impl FsCore {
         }
         let published = self.publish(h.ino, staged).await;
         self.writers.lock().unwrap_or_else(|p| p.into_inner()).remove(&h.ino);
-        let s = staged.lock().await;
+        let mut s = staged.lock().await;
         if published.is_ok() {
             self.keep_as_cache(&s, h.ino).await;
             s.discard();
@@ -940,6 +956,11 @@ mod tests_support {
     use strata_tiering::{CacheConfig, Policy, TierConfig};
 
     pub fn setup(dir: &std::path::Path) -> FsCore {
+        setup_with_parts(dir, 8 << 20)
+    }
+
+    /// As [`setup`], with uploads in parts of `part_size` bytes, two in flight.
+    pub fn setup_with_parts(dir: &std::path::Path, part_size: usize) -> FsCore {
         let cold = dir.join("cold");
         std::fs::create_dir_all(cold.join("d/e")).unwrap();
         let big: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
@@ -956,7 +977,7 @@ mod tests_support {
         })
         .unwrap();
         FsCore::new(
-            Arc::new(ObjectNamespace::new(source, 8 << 20, 4)),
+            Arc::new(ObjectNamespace::new(source, part_size, 2)),
             cache,
             FsOptions {
                 metadata_ttl: None,
@@ -1128,5 +1149,82 @@ mod write_tests {
         assert_eq!(cold(dir.path(), "done.bin").unwrap(), b"whole");
         assert!(cold(dir.path(), "cut.bin").is_none(), "a file cut off mid-write is never uploaded");
         assert!(report[1].contains("cut.bin") && report[1].contains("incomplete"), "{report:?}");
+    }
+
+    fn pattern(n: usize) -> Vec<u8> {
+        (0..n as u32).map(|i| (i.wrapping_mul(7) % 253) as u8).collect()
+    }
+
+    async fn sent(fs: &FsCore, ino: u64) -> Option<u64> {
+        let w = fs.writers.lock().unwrap().get(&ino).cloned()?;
+        w.lock().await.stream.as_ref().map(|s| s.sent)
+    }
+
+    #[tokio::test]
+    async fn a_sequential_writer_uploads_while_writing_and_the_object_appears_only_at_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = super::tests_support::setup_with_parts(dir.path(), 4096);
+        let d = fs.lookup(ROOT, "d").await.unwrap();
+        let (a, fh) = fs.create(d.ino, "stream.bin").await.unwrap();
+        let data = pattern(50_000);
+        for (i, piece) in data.chunks(1000).enumerate() {
+            fs.write(fh, i as u64 * 1000, piece).await.unwrap();
+        }
+        let went = sent(&fs, a.ino).await.expect("an upload started while writing");
+        assert!(went >= 8192, "whole parts went up while writing: {went}");
+        assert!(cold(dir.path(), "d/stream.bin").is_none(), "nothing is visible before flush");
+        fs.flush(fh).await.unwrap();
+        assert_eq!(cold(dir.path(), "d/stream.bin").unwrap(), data);
+        let left = staging::leftovers(&dir.path().join("staging"));
+        let crc = strata_tiering::chunkfile::crc32c(&data);
+        assert_eq!(left[0].manifest.content, Some((50_000, crc)), "the manifest records what was sent");
+        fs.release(fh).await.unwrap();
+        let rfh = fs.open(a.ino, false, false).unwrap();
+        assert_eq!(fs.read(rfh, 0, 60_000).await.unwrap(), &data[..]);
+    }
+
+    #[tokio::test]
+    async fn a_write_behind_what_was_sent_publishes_the_file_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = super::tests_support::setup_with_parts(dir.path(), 4096);
+        let d = fs.lookup(ROOT, "d").await.unwrap();
+        let (a, fh) = fs.create(d.ino, "patched.bin").await.unwrap();
+        let mut data = pattern(20_000);
+        fs.write(fh, 0, &data).await.unwrap();
+        assert!(sent(&fs, a.ino).await.is_some());
+        // A header patched in at the end, as some checkpoint writers do.
+        fs.write(fh, 0, b"HEADER").await.unwrap();
+        data[..6].copy_from_slice(b"HEADER");
+        assert_eq!(sent(&fs, a.ino).await, None, "the upload under way was given up");
+        fs.write(fh, 20_000, b"tail").await.unwrap();
+        data.extend_from_slice(b"tail");
+        fs.flush(fh).await.unwrap();
+        assert_eq!(cold(dir.path(), "d/patched.bin").unwrap(), data);
+        fs.release(fh).await.unwrap();
+        let names: Vec<String> = std::fs::read_dir(dir.path().join("cold/d"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(!names.iter().any(|n| n.contains('#')), "no part of the given-up upload is left: {names:?}");
+    }
+
+    #[tokio::test]
+    async fn a_staged_copy_torn_after_an_unsynced_seal_is_never_uploaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let staging = dir.path().join("staging");
+        let crc = strata_tiering::chunkfile::crc32c(b"whole");
+        let mut good = Staged::create(&staging, 7, "good.bin").unwrap();
+        good.write_at(0, b"whole").unwrap();
+        good.seal_unsynced(crc).unwrap();
+        let mut torn = Staged::create(&staging, 8, "torn.bin").unwrap();
+        torn.write_at(0, b"whole").unwrap();
+        torn.seal_unsynced(crc).unwrap();
+        // What a crash before writeback can leave: the right length, not the right bytes.
+        std::fs::write(torn.data_path(), b"wh\0le").unwrap();
+        let fs = setup(dir.path());
+        let report = fs.recover_staged(true).await;
+        assert_eq!(cold(dir.path(), "good.bin").unwrap(), b"whole");
+        assert!(cold(dir.path(), "torn.bin").is_none(), "a torn staged copy is never uploaded");
+        assert!(report[1].contains("torn.bin") && report[1].contains("damaged"), "{report:?}");
     }
 }

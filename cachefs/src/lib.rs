@@ -16,6 +16,7 @@ mod passthrough;
 pub mod readahead;
 pub mod snapshot;
 pub mod staging;
+mod streaming;
 mod window;
 
 pub use crate::core::{FsCore, FsError, FsOptions};

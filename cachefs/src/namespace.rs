@@ -6,6 +6,7 @@ use futures::future::BoxFuture;
 use std::sync::Arc;
 use std::time::SystemTime;
 use strata_tiering::source::SourceError;
+use strata_tiering::upload::PartUpload;
 use strata_tiering::{ChunkKey, Fetcher};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +64,27 @@ pub trait Namespace: Send + Sync + 'static {
         let e = NsError::ReadOnly(self.describe());
         let _ = path;
         Box::pin(async move { Err(e) })
+    }
+
+    /// Part size and parts in flight for uploads that start while a file is still being
+    /// written; `None` when files are only published whole.
+    fn streaming(&self) -> Option<(u64, usize)> {
+        None
+    }
+
+    /// Starts a multipart upload of the content at `path`, to be sent part by part.
+    fn begin_upload(&self, _path: &str) -> BoxFuture<'static, Result<PartUpload, NsError>> {
+        let e = NsError::ReadOnly(self.describe());
+        Box::pin(async move { Err(e) })
+    }
+
+    /// Completes an upload begun with [`Namespace::begin_upload`]: the content appears whole.
+    fn finish_upload(&self, upload: PartUpload) -> BoxFuture<'static, Result<Node, NsError>> {
+        let e = NsError::ReadOnly(self.describe());
+        Box::pin(async move {
+            upload.abort().await;
+            Err(e)
+        })
     }
 
     fn remove(&self, _path: &str) -> BoxFuture<'static, Result<(), NsError>> {

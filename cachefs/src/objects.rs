@@ -7,6 +7,7 @@ use futures::future::BoxFuture;
 use std::sync::Arc;
 use std::time::SystemTime;
 use strata_tiering::source::{ObjectInfo, ObjectSource};
+use strata_tiering::upload::PartUpload;
 use strata_tiering::{ChunkKey, Fetcher};
 
 #[derive(Debug, Clone)]
@@ -141,6 +142,19 @@ impl Namespace for ObjectNamespace {
         let (source, path, staged) = (self.source.clone(), self.key(path), staged.to_path_buf());
         let (part, parallel) = (self.part_size, self.parallel);
         async move { Ok(Self::node(source.upload_file(&path, &staged, part, parallel).await?)) }.boxed()
+    }
+
+    fn streaming(&self) -> Option<(u64, usize)> {
+        Some((self.part_size as u64, self.parallel))
+    }
+
+    fn begin_upload(&self, path: &str) -> BoxFuture<'static, Result<PartUpload, NsError>> {
+        let (source, path) = (self.source.clone(), self.key(path));
+        async move { Ok(source.begin_upload(&path).await?) }.boxed()
+    }
+
+    fn finish_upload(&self, upload: PartUpload) -> BoxFuture<'static, Result<Node, NsError>> {
+        async move { Ok(Self::node(upload.complete().await?)) }.boxed()
     }
 
     fn remove(&self, path: &str) -> BoxFuture<'static, Result<(), NsError>> {

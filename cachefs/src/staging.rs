@@ -8,13 +8,31 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use strata_tiering::chunkfile::Crc32c;
+use strata_tiering::upload::PartUpload;
+
+/// An upload that started while the file was being written.
+#[derive(Debug)]
+pub struct Stream {
+    pub upload: PartUpload,
+    /// Bytes from the start of the file handed to the upload.
+    pub sent: u64,
+    /// CRC32C of those bytes.
+    pub crc: Crc32c,
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
     /// Object path the content is for.
     pub target: String,
-    /// The writer finished (flush, fsync or close) and the data file is synced.
+    /// The writer finished (flush, fsync or close): the data file is synced, or `crc32c`
+    /// says what it must hold.
     pub complete: bool,
+    /// Length and CRC32C of the complete content, when the data file was not synced (it went
+    /// up while being written): a crash may have torn it, and only a file that matches is
+    /// uploaded again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<(u64, u32)>,
 }
 
 #[derive(Debug)]
@@ -26,6 +44,11 @@ pub struct Staged {
     pub len: u64,
     /// Bytes written since the last publish.
     pub dirty: bool,
+    /// The upload under way while the file is written, if any.
+    pub stream: Option<Stream>,
+    /// Whether the content may still go up while being written: not after a write or
+    /// truncate behind what was sent, or a rename, until the next publish.
+    pub streamable: bool,
 }
 
 fn write_manifest(path: &Path, m: &Manifest) -> io::Result<()> {
@@ -40,12 +63,24 @@ impl Staged {
         let data = dir.join(format!("{id}.data"));
         let manifest = dir.join(format!("{id}.json"));
         let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&data)?;
-        write_manifest(&manifest, &Manifest { target: target.to_string(), complete: false })?;
+        write_manifest(&manifest, &Manifest { target: target.to_string(), complete: false, content: None })?;
         // An empty new file is content too: `touch` then close must create an empty object.
-        Ok(Staged { file, data, manifest, target: target.to_string(), len: 0, dirty: true })
+        Ok(Staged {
+            file,
+            data,
+            manifest,
+            target: target.to_string(),
+            len: 0,
+            dirty: true,
+            stream: None,
+            streamable: true,
+        })
     }
 
     pub fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        if self.stream.as_ref().is_some_and(|s| offset < s.sent) {
+            self.stop_streaming();
+        }
         self.file.write_all_at(buf, offset)?;
         self.len = self.len.max(offset + buf.len() as u64);
         self.dirty = true;
@@ -63,6 +98,9 @@ impl Staged {
     }
 
     pub fn truncate(&mut self, len: u64) -> io::Result<()> {
+        if self.stream.as_ref().is_some_and(|s| len < s.sent) {
+            self.stop_streaming();
+        }
         self.file.set_len(len)?;
         self.len = len;
         self.dirty = true;
@@ -72,22 +110,58 @@ impl Staged {
     /// Syncs the data and marks it complete: from here a restart may publish it.
     pub fn seal(&self) -> io::Result<()> {
         self.file.sync_data()?;
-        write_manifest(&self.manifest, &Manifest { target: self.target.clone(), complete: true })
+        write_manifest(&self.manifest, &Manifest { target: self.target.clone(), complete: true, content: None })
+    }
+
+    /// Marks the data complete without syncing it, recording what it must hold.
+    pub fn seal_unsynced(&self, crc32c: u32) -> io::Result<()> {
+        let m = Manifest { target: self.target.clone(), complete: true, content: Some((self.len, crc32c)) };
+        write_manifest(&self.manifest, &m)
     }
 
     pub fn retarget(&mut self, target: &str) -> io::Result<()> {
+        self.stop_streaming();
         self.target = target.to_string();
-        write_manifest(&self.manifest, &Manifest { target: self.target.clone(), complete: false })
+        write_manifest(&self.manifest, &Manifest { target: self.target.clone(), complete: false, content: None })
+    }
+
+    /// Gives up the upload under way, if any (the store drops its parts); the content is
+    /// published whole on the next flush.
+    pub fn stop_streaming(&mut self) {
+        self.streamable = false;
+        // Dropping an unfinished upload aborts it.
+        self.stream = None;
     }
 
     pub fn data_path(&self) -> &Path {
         &self.data
     }
 
-    pub fn discard(&self) {
+    pub fn discard(&mut self) {
+        self.stop_streaming();
         let _ = std::fs::remove_file(&self.data);
         let _ = std::fs::remove_file(&self.manifest);
     }
+}
+
+/// Whether the data file holds exactly the content its manifest recorded (always true for a
+/// synced one, which records nothing).
+pub fn holds_recorded_content(m: &Manifest, data: &Path) -> io::Result<bool> {
+    use std::io::Read;
+    let Some((len, crc)) = m.content else { return Ok(true) };
+    let mut f = File::open(data)?;
+    if f.metadata()?.len() != len {
+        return Ok(false);
+    }
+    let (mut digest, mut buf) = (Crc32c::default(), vec![0u8; 1 << 20]);
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        digest.update(&buf[..n]);
+    }
+    Ok(digest.finish() == crc)
 }
 
 /// A staged file found at start-up.

@@ -27,6 +27,31 @@ pub fn crc32c(data: &[u8]) -> u32 {
     crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, data) as u32
 }
 
+/// CRC32C of data that arrives piece by piece.
+pub struct Crc32c(crc_fast::Digest);
+
+impl std::fmt::Debug for Crc32c {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Crc32c({:#010x})", self.finish())
+    }
+}
+
+impl Default for Crc32c {
+    fn default() -> Self {
+        Crc32c(crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi))
+    }
+}
+
+impl Crc32c {
+    pub fn update(&mut self, data: &[u8]) {
+        self.0.update(data);
+    }
+
+    pub fn finish(&self) -> u32 {
+        self.0.finalize() as u32
+    }
+}
+
 /// Why a chunk file could not be used. Each of these is treated as a cache miss.
 #[derive(Debug, thiserror::Error)]
 pub enum ChunkFileError {
@@ -88,12 +113,12 @@ pub fn write_tmp(tmp: &Path, key: &ChunkKey, data: &[u8], sync: bool) -> io::Res
     let result = (|| {
         let mut f = File::create(tmp)?;
         f.write_all(&hdr)?;
-        let mut crc = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+        let mut crc = Crc32c::default();
         for piece in data.chunks(PIECE) {
             crc.update(piece);
             f.write_all(piece)?;
         }
-        f.write_all_at(&(crc.finalize() as u32).to_le_bytes(), CRC_AT)?;
+        f.write_all_at(&crc.finish().to_le_bytes(), CRC_AT)?;
         if sync {
             f.sync_data()?;
         }
@@ -171,7 +196,7 @@ pub fn read_verified_file(mut f: File, expect: KeyId, file_len: u64) -> Result<B
     if expected != file_len {
         return Err(ChunkFileError::Torn { expected, actual: file_len });
     }
-    let mut crc = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+    let mut crc = Crc32c::default();
     let mut at = FIXED_HEADER;
     while at < buf.len() {
         let end = (at + PIECE).min(buf.len());
@@ -189,7 +214,7 @@ pub fn read_verified_file(mut f: File, expect: KeyId, file_len: u64) -> Result<B
     if f.read(&mut [0u8; 1])? != 0 {
         return Err(ChunkFileError::Torn { expected, actual: expected + 1 });
     }
-    let computed = crc.finalize() as u32;
+    let computed = crc.finish();
     if computed != stored {
         return Err(ChunkFileError::Checksum { stored, computed });
     }

@@ -23,6 +23,7 @@ pub mod source;
 pub mod status;
 pub mod tier;
 pub mod units;
+pub mod upload;
 pub mod warmup;
 mod whole;
 

@@ -27,6 +27,7 @@ pub const COLD_FETCH_BYTES: &str = "strata_cold_fetch_bytes";
 pub const COLD_FETCH_SECONDS: &str = "strata_cold_fetch_seconds";
 pub const COALESCED_MISSES: &str = "strata_coalesced_misses";
 pub const FS_OPENS: &str = "strata_fs_opens";
+pub const FS_PARTS_WHILE_WRITING: &str = "strata_fs_parts_sent_while_writing";
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TierLabel {
@@ -67,6 +68,7 @@ pub struct Metrics {
     pub cold_fetch_seconds: FetchHistogram,
     pub coalesced: Counter,
     pub fs_opens: Family<OpenLabel, Counter>,
+    pub fs_parts_while_writing: Counter,
     /// All evictions, whatever the tier and reason; for status output.
     pub evicted_chunks: Counter,
 }
@@ -120,6 +122,11 @@ impl Metrics {
             FS_OPENS,
             "Files opened through dataset mounts, by how their reads are served",
             self.fs_opens.clone(),
+        );
+        r.register(
+            FS_PARTS_WHILE_WRITING,
+            "Upload parts of files written through mounts that went up before the writer's fsync or close",
+            self.fs_parts_while_writing.clone(),
         );
     }
 }

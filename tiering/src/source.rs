@@ -133,7 +133,7 @@ fn epoch() -> std::time::SystemTime {
 /// The cold store of one bucket prefix or directory.
 #[derive(Debug, Clone)]
 pub struct ObjectSource {
-    store: Arc<dyn ObjectStore>,
+    pub(crate) store: Arc<dyn ObjectStore>,
     describe: String,
     prefix: String,
     chunk_size: u64,
@@ -240,7 +240,7 @@ impl ObjectSource {
         self.store.clone()
     }
 
-    fn location(&self, path: &str) -> ObjPath {
+    pub(crate) fn location(&self, path: &str) -> ObjPath {
         let path = path.trim_start_matches('/');
         if self.prefix.is_empty() { ObjPath::from(path) } else { ObjPath::from(format!("{}/{path}", self.prefix)) }
     }
@@ -254,7 +254,7 @@ impl ObjectSource {
         }
     }
 
-    async fn bounded<T>(
+    pub(crate) async fn bounded<T>(
         &self,
         op: &'static str,
         path: &str,
@@ -412,26 +412,22 @@ impl ObjectSource {
             f.read_to_end(&mut buf).await.map_err(io_err)?;
             self.bounded("PUT", path, self.store.put(&loc, Bytes::from(buf).into())).await?;
         } else {
-            let upload = self.bounded("CreateMultipartUpload", path, self.store.put_multipart(&loc)).await?;
-            let mut w = object_store::WriteMultipart::new_with_chunk_size(upload, part_size);
-            let mut buf = vec![0u8; part_size];
-            let result: Result<(), SourceError> = async {
-                loop {
-                    let n = read_full(&mut f, &mut buf).await.map_err(io_err)?;
-                    if n == 0 {
-                        break;
-                    }
-                    self.bounded("UploadPart", path, w.wait_for_capacity(parallel)).await?;
-                    w.write(&buf[..n]);
+            let mut upload = self.begin_upload(path).await?;
+            let mut left = len;
+            while left > 0 {
+                // Each part is read into its own buffer and handed over whole, without a copy.
+                let mut buf = vec![0u8; (part_size as u64).min(left) as usize];
+                let n = read_full(&mut f, &mut buf).await.map_err(io_err)?;
+                if n < buf.len() {
+                    let short = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "file shrank while uploading");
+                    upload.abort().await;
+                    return Err(io_err(short));
                 }
-                Ok(())
+                upload.wait_for_room(parallel).await?;
+                upload.put_part(Bytes::from(buf));
+                left -= n as u64;
             }
-            .await;
-            if let Err(e) = result {
-                let _ = w.abort().await;
-                return Err(e);
-            }
-            self.bounded("CompleteMultipartUpload", path, w.finish()).await?;
+            return upload.complete().await;
         }
         self.head(path).await
     }

@@ -1,0 +1,85 @@
+//! Uploading a file while it is being written. Once a writer has written a whole part beyond
+//! what was sent, that part goes up in the background, read back from the staging file (still
+//! in the page cache); fsync or close then sends only the tail and completes the upload. So a
+//! checkpoint is in the store soon after its last write, instead of one whole upload later.
+//!
+//! The object still appears only when the upload completes. A write or truncate behind what
+//! was sent, or a rename, gives the upload up, and the file is published whole as before. The
+//! staging file is not synced for a streamed upload: the manifest records the content's CRC32C
+//! instead, so a restart uploads a staged file again only if a crash did not tear it.
+
+use crate::namespace::{Namespace, Node, NsError};
+use crate::staging::{Staged, Stream};
+use bytes::Bytes;
+use strata_tiering::chunkfile::Crc32c;
+
+/// Why a streamed publish failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error(transparent)]
+    Store(#[from] NsError),
+    #[error("reading the staged copy: {0}")]
+    Stage(#[from] std::io::Error),
+}
+
+/// Sends the parts the writer has finished, as many as the upload's parallelism allows right
+/// now; the rest wait for later writes or the publish. A failure here only stops streaming:
+/// the publish then uploads the file whole and reports what goes wrong. Returns how many parts
+/// it sent.
+pub async fn pump(ns: &dyn Namespace, s: &mut Staged) -> u64 {
+    let Some((part, parallel)) = ns.streaming() else { return 0 };
+    if !s.streamable || part == 0 {
+        return 0;
+    }
+    let mut parts = 0;
+    loop {
+        let sent = s.stream.as_ref().map_or(0, |st| st.sent);
+        if s.len < sent + part || s.stream.as_ref().is_some_and(|st| st.upload.in_flight() >= parallel) {
+            return parts;
+        }
+        if s.stream.is_none() {
+            match ns.begin_upload(&s.target).await {
+                Ok(upload) => s.stream = Some(Stream { upload, sent: 0, crc: Crc32c::default() }),
+                Err(e) => {
+                    tracing::debug!(path = %s.target, error = %e, "not uploading while writing");
+                    s.streamable = false;
+                    return parts;
+                }
+            }
+        }
+        let Ok(data) = s.read_at(sent, part as usize) else {
+            s.stop_streaming();
+            return parts;
+        };
+        let st = s.stream.as_mut().expect("started above");
+        st.crc.update(&data);
+        st.upload.put_part(Bytes::from(data));
+        st.sent += part;
+        parts += 1;
+    }
+}
+
+/// Publishes a file whose upload started while it was written: sends the tail, records the
+/// content in the manifest, and completes the upload. `None` when there is no such upload.
+pub async fn finish(ns: &dyn Namespace, s: &mut Staged) -> Option<Result<Node, StreamError>> {
+    let mut st = s.stream.take()?;
+    s.streamable = true;
+    let (part, parallel) = ns.streaming()?;
+    let sent: Result<(), StreamError> = async {
+        while st.sent < s.len {
+            st.upload.wait_for_room(parallel).await.map_err(NsError::from)?;
+            let data = s.read_at(st.sent, part.min(s.len - st.sent) as usize)?;
+            st.crc.update(&data);
+            st.sent += data.len() as u64;
+            st.upload.put_part(Bytes::from(data));
+        }
+        s.seal_unsynced(st.crc.finish())?;
+        Ok(())
+    }
+    .await;
+    if let Err(e) = sent {
+        st.upload.abort().await;
+        return Some(Err(e));
+    }
+    Some(ns.finish_upload(st.upload).await.map_err(StreamError::from))
+}
