@@ -19,6 +19,9 @@ pub const ROOT: u64 = 1;
 /// another reader needs it.
 const IDLE_READER: Duration = Duration::from_secs(2);
 
+/// How long a closed file's staged bytes wait before going into the cache, for a rename.
+const RENAME_SETTLE: Duration = Duration::from_millis(500);
+
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
     #[error("no such file or directory")]
@@ -144,6 +147,27 @@ pub struct FsCore {
     demand: Arc<tokio::sync::Semaphore>,
     ahead: Arc<tokio::sync::Semaphore>,
     keeper: Arc<crate::keeper::Keeper>,
+    /// Inodes being renamed right now.
+    renaming: Mutex<std::collections::HashSet<u64>>,
+}
+
+/// Marks an inode as being renamed for as long as it lives.
+struct Renaming<'a> {
+    set: &'a Mutex<std::collections::HashSet<u64>>,
+    ino: u64,
+}
+
+impl<'a> Renaming<'a> {
+    fn start(set: &'a Mutex<std::collections::HashSet<u64>>, ino: u64) -> Self {
+        set.lock().unwrap_or_else(|p| p.into_inner()).insert(ino);
+        Renaming { set, ino }
+    }
+}
+
+impl Drop for Renaming<'_> {
+    fn drop(&mut self) {
+        self.set.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.ino);
+    }
 }
 
 impl std::fmt::Debug for FsCore {
@@ -204,6 +228,7 @@ impl FsCore {
             next_stage: std::sync::atomic::AtomicU64::new(next_stage),
             demand: Arc::new(tokio::sync::Semaphore::new(chunks - chunks / 2)),
             ahead: Arc::new(tokio::sync::Semaphore::new(chunks / 2)),
+            renaming: Mutex::new(Default::default()),
         }
     }
 
@@ -244,6 +269,7 @@ impl FsCore {
             tracing::warn!("{line}");
             report.push(line);
         }
+        staging::remove_orphans(dir);
         report
     }
 
@@ -664,8 +690,20 @@ impl FsCore {
         }
         let published = self.publish(h.ino, staged).await;
         self.writers.lock().unwrap_or_else(|p| p.into_inner()).remove(&h.ino);
-        let mut s = staged.lock().await;
         if published.is_ok() {
+            // It is in the store: a restart must not upload it again, under what may by then
+            // be a stale name.
+            staged.lock().await.forget_manifest();
+            // Checkpoint writers rename the file right after closing it. Waiting for that puts
+            // the cached copy in under the final name at once, instead of writing it under the
+            // temp name and then copying it to the new one.
+            tokio::time::sleep(RENAME_SETTLE).await;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while self.renaming.lock().unwrap_or_else(|p| p.into_inner()).contains(&h.ino) && Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let mut s = staged.lock().await;
             self.keep_as_cache(&s, h.ino).await;
             s.discard();
         }
@@ -770,6 +808,7 @@ impl FsCore {
         if src.kind == NodeKind::Dir {
             return Err(FsError::CrossDevice);
         }
+        let _renaming = Renaming::start(&self.renaming, src.ino);
         let dst_dir = self.inode(new_parent)?;
         if dst_dir.node.kind != NodeKind::Dir {
             return Err(FsError::NotDir);
@@ -1143,8 +1182,15 @@ mod write_tests {
         s.seal().unwrap();
         let mut cut = Staged::create(&staging, 8, "cut.bin").unwrap();
         cut.write_at(0, b"par").unwrap();
+        // Uploaded, then renamed, and the process died before the staged copy was cached.
+        let mut sent = Staged::create(&staging, 9, "sent.tmp").unwrap();
+        sent.write_at(0, b"renamed since").unwrap();
+        sent.seal().unwrap();
+        sent.forget_manifest();
         let fs = setup(dir.path());
         let report = fs.recover_staged(true).await;
+        assert!(cold(dir.path(), "sent.tmp").is_none(), "content already in the store is not uploaded again");
+        assert!(!sent.data_path().exists(), "its staged copy is removed");
         assert_eq!(report.len(), 2, "{report:?}");
         assert_eq!(cold(dir.path(), "done.bin").unwrap(), b"whole");
         assert!(cold(dir.path(), "cut.bin").is_none(), "a file cut off mid-write is never uploaded");

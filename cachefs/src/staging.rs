@@ -137,6 +137,12 @@ impl Staged {
         &self.data
     }
 
+    /// Drops the manifest of content already in the store; the data stays until discarded, and
+    /// a restart removes it as an orphan.
+    pub fn forget_manifest(&self) {
+        let _ = std::fs::remove_file(&self.manifest);
+    }
+
     pub fn discard(&mut self) {
         self.stop_streaming();
         let _ = std::fs::remove_file(&self.data);
@@ -186,6 +192,18 @@ pub fn leftovers(dir: &Path) -> Vec<Leftover> {
         .collect();
     out.sort_by_key(|(id, _)| *id);
     out.into_iter().map(|(_, l)| l).collect()
+}
+
+/// Removes data files whose manifest is gone: content that reached the store before the
+/// previous run ended.
+pub fn remove_orphans(dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    for e in rd.filter_map(|e| e.ok()) {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "data") && !p.with_extension("json").exists() {
+            let _ = std::fs::remove_file(&p);
+        }
+    }
 }
 
 /// The next free staging id in `dir`.
