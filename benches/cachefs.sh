@@ -11,6 +11,7 @@
 #
 # Env: SIZE_MB=1024 (read object), FILES=100000 (meta objects), CKPT_MB=4096 (checkpoint),
 #      ONLY=cold,warm,random,meta,ckpt (subset), FIO_RUNTIME=20 (s per fio run),
+#      ROUNDS=3 (each bench but meta runs this many times; the report gives medians),
 #      BENCH_DIR (scratch dir, default a new /var/tmp/strata-bench.XXXXXX; strata's state dir and
 #      the local copies live there, so they share a disk), TIMEOUT=1800 (s per timed operation),
 #      STRATA_CHUNK=8MiB (strata's --chunk-size for the read benches),
@@ -24,9 +25,10 @@ ROOT=$(pwd)
 
 SIZE_MB=${SIZE_MB:-1024} FILES=${FILES:-100000} CKPT_MB=${CKPT_MB:-4096}
 ONLY=${ONLY:-cold,warm,random,meta,ckpt} FIO_RUNTIME=${FIO_RUNTIME:-20} TIMEOUT=${TIMEOUT:-1800}
+ROUNDS=${ROUNDS:-3}
 STRATA_CHUNK=${STRATA_CHUNK:-8MiB}
 MOUNT_TIMEOUT=60
-for v in SIZE_MB FILES CKPT_MB FIO_RUNTIME TIMEOUT; do
+for v in SIZE_MB FILES CKPT_MB FIO_RUNTIME TIMEOUT ROUNDS; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "$v must be a positive integer, got '${!v}'" >&2; exit 2; }
 done
 for b in ${ONLY//,/ }; do
@@ -219,7 +221,7 @@ STRATA_READ=(--immutable --chunk-size "$STRATA_CHUNK")
 
 # --- measuring ---------------------------------------------------------------------------------
 drop_caches() { sync && echo 3 >/proc/sys/vm/drop_caches; }
-result() { echo "$2" >"$WORK/results/$1"; log "result $1 = $2"; }
+result() { echo "$2" >"$WORK/results/$1.r${round:-1}"; log "result $1 = $2"; }
 # mibs BYTES SECONDS
 mibs() { awk -v b="$1" -v s="$2" 'BEGIN { printf "%.1f", b / 1048576 / s }'; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
@@ -472,33 +474,67 @@ if want ckpt; then
   head -c "$CKPT_BYTES" /dev/urandom >"$WORK/ckpt.src"
 fi
 
-if want cold; then
-  for t in s3fs rclone strata raw; do step "cold read: $t" "cold_$t"; done
-fi
-if want warm; then
-  step "warm read: local" warm_local
-  step "warm read: strata" warm_pt
-  [[ -z $HAVE_NOPT ]] || step "warm read: strata --no-passthrough" warm_nopt
-fi
-if want random; then
-  step "random read: local" random_local
-  step "random read: strata" random_pt
-  [[ -z $HAVE_NOPT ]] || step "random read: strata --no-passthrough" random_nopt
-fi
+# Every contender runs once per round, side by side, and the report gives the median of the
+# rounds: single runs on a shared 2-core machine vary by a third.
+for round in $(seq "$ROUNDS"); do
+  log "=== round $round of $ROUNDS"
+  if want cold; then
+    for t in s3fs rclone strata raw; do step "cold read: $t" "cold_$t"; done
+  fi
+  if want warm; then
+    step "warm read: local" warm_local
+    step "warm read: strata" warm_pt
+    [[ -z $HAVE_NOPT ]] || step "warm read: strata --no-passthrough" warm_nopt
+  fi
+  if want random; then
+    step "random read: local" random_local
+    step "random read: strata" random_pt
+    [[ -z $HAVE_NOPT ]] || step "random read: strata --no-passthrough" random_nopt
+  fi
+  if want ckpt; then
+    step "checkpoint: strata" ckpt_strata
+    step "checkpoint: raw" ckpt_raw
+    # Deleted checkpoints stay in RGW's garbage until its GC runs; without this a few rounds
+    # fill the OSD, and a full OSD blocks every write.
+    timeout 600 radosgw-admin -c "$RGW_DIR/ceph.conf" gc process --include-all >/dev/null 2>&1 ||
+      log "WARNING: radosgw-admin gc process failed"
+  fi
+done
+# find + stat is slow for the peers (minutes) and steady: one round.
 if want meta; then
   for t in s3fs rclone strata; do step "find+stat: $t" "meta_$t"; done
-fi
-if want ckpt; then
-  step "checkpoint: strata" ckpt_strata
-  step "checkpoint: raw" ckpt_raw
 fi
 
 # --- report ------------------------------------------------------------------------------------
 # get KEY: the figure, or "failed" / "n/a".
+# median: the median of the numbers on stdin, or nothing.
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else if (NR) printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# get KEY: the median over the rounds, or "failed" / "n/a".
 get() {
-  if [[ -s $WORK/results/$1 ]]; then cat "$WORK/results/$1"
+  local m
+  m=$(cat "$WORK/results/$1".r* 2>/dev/null | median)
+  if [[ -n $m ]]; then echo "$m"
   elif [[ $1 == *nopt && -z $HAVE_NOPT ]]; then echo n/a
   else echo failed; fi
+}
+# rratio A B: the median over rounds of A / B, each taken in the same round, so both sides share
+# that round's conditions. A side is a key, or "best:max:K1,K2" (the best of keys that round).
+rratio() {
+  local r a b out=()
+  for r in $(seq "$ROUNDS"); do
+    a=$(side "$1" "$r") b=$(side "$2" "$r")
+    num "$a" && num "$b" && out+=("$(awk -v a="$a" -v b="$b" 'BEGIN { if (b > 0) print a / b }')")
+  done
+  ((${#out[@]})) || { echo n/a; return; }
+  printf '%s\n' "${out[@]}" | median | awk '{ printf "%.2f", $1 }'
+}
+side() {
+  if [[ $1 == best:* ]]; then
+    local mode=${1#best:} keys k v=()
+    keys=${mode#*:} mode=${mode%%:*}
+    for k in ${keys//,/ }; do v+=("$(cat "$WORK/results/$k.r$2" 2>/dev/null)"); done
+    best "$mode" "${v[@]}"
+  else cat "$WORK/results/$1.r$2" 2>/dev/null; fi
 }
 # num X: X starts with a figure (a note may follow it, as in "812.3 (4 store GETs)").
 num() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?( |$) ]]; }
@@ -526,6 +562,7 @@ env_prefix=""
 [[ $FILES == 100000 ]] || env_prefix+="FILES=$FILES "
 [[ $CKPT_MB == 4096 ]] || env_prefix+="CKPT_MB=$CKPT_MB "
 [[ $ONLY == cold,warm,random,meta,ckpt ]] || env_prefix+="ONLY=$ONLY "
+[[ $ROUNDS == 3 ]] || env_prefix+="ROUNDS=$ROUNDS "
 [[ $FIO_RUNTIME == 20 ]] || env_prefix+="FIO_RUNTIME=$FIO_RUNTIME "
 [[ $STRATA_CHUNK == 8MiB ]] || env_prefix+="STRATA_CHUNK=$STRATA_CHUNK "
 rev=$(git rev-parse --short HEAD 2>/dev/null || echo '?')
@@ -535,7 +572,7 @@ report() {
   local s3fs rclone strata raw local_ pt nopt peer r1 r2 sc scc
   echo "## strata mount vs peers over Ceph RGW on loopback"
   echo
-  echo "strata $rev, s3fs $(s3fs --version 2>/dev/null | grep -o 'V[0-9.]*' | head -n1), $(rclone version 2>/dev/null | head -n1), $(nproc) cores, $(date -u +%F); strata reads with --chunk-size $STRATA_CHUNK."
+  echo "strata $rev, s3fs $(s3fs --version 2>/dev/null | grep -o 'V[0-9.]*' | head -n1), $(rclone version 2>/dev/null | head -n1), $(nproc) cores, $(date -u +%F); strata reads with --chunk-size $STRATA_CHUNK; each figure is the median of $ROUNDS rounds (find + stat: one)."
   echo "Reproduce: \`${env_prefix}bash benches/cachefs.sh\`"
   echo
   echo "| bench | baseline(s) | strata | ratio | goal | met |"
@@ -543,7 +580,7 @@ report() {
   if want cold; then
     s3fs=$(get cold.s3fs) rclone=$(get cold.rclone) strata=$(get cold.strata) raw=$(get cold.raw)
     peer=$(best max "$s3fs" "$rclone")
-    r1=$(ratio "$strata" "$peer") r2=$(ratio "$strata" "$raw")
+    r1=$(rratio cold.strata best:max:cold.s3fs,cold.rclone) r2=$(rratio cold.strata cold.raw)
     local met=no
     [[ $(meets "$r1" 1.2) == yes && $(meets "$r2" 0.9) == yes ]] && met=yes
     num "$r1" && num "$r2" || met=n/a
@@ -551,19 +588,19 @@ report() {
   fi
   if want warm; then
     local_=$(get warm.local) pt=$(get warm.strata_pt) nopt=$(get warm.strata_nopt)
-    r1=$(ratio "$pt" "$local_") r2=$(ratio "$nopt" "$local_")
+    r1=$(rratio warm.strata_pt warm.local) r2=$(rratio warm.strata_nopt warm.local)
     echo "| warm sequential read, passthrough (MiB/s) | local file $local_ | $pt | $r1 | >= 0.95 | $(meets "$r1" 0.95) |"
     echo "| warm sequential read, --no-passthrough (MiB/s) | local file $local_ | $nopt | $r2 | - | - |"
     pt=$(get warm.strata_pt.again)
-    echo "| (info) warm sequential read, passthrough, 2nd open on the same mount (MiB/s) | local file $local_ | $pt | $(ratio "$pt" "$local_") | - | - |"
+    echo "| (info) warm sequential read, passthrough, 2nd open on the same mount (MiB/s) | local file $local_ | $pt | $(rratio warm.strata_pt.again warm.local) | - | - |"
   fi
   if want random; then
     local_=$(get random.local) pt=$(get random.strata_pt) nopt=$(get random.strata_nopt)
-    r1=$(ratio "$pt" "$local_") r2=$(ratio "$nopt" "$local_")
+    r1=$(rratio random.strata_pt random.local) r2=$(rratio random.strata_nopt random.local)
     echo "| random 256 KiB reads, warm, passthrough (MiB/s) | local file $local_ | $pt | $r1 | >= 0.8 | $(meets "$r1" 0.8) |"
     echo "| random 256 KiB reads, warm, --no-passthrough (MiB/s) | local file $local_ | $nopt | $r2 | >= 0.8 | $(meets "$r2" 0.8) |"
     pt=$(get random.strata_pt.again)
-    echo "| (info) random 256 KiB reads, passthrough, 2nd open on the same mount (MiB/s) | local file $local_ | $pt | $(ratio "$pt" "$local_") | - | - |"
+    echo "| (info) random 256 KiB reads, passthrough, 2nd open on the same mount (MiB/s) | local file $local_ | $pt | $(rratio random.strata_pt.again random.local) | - | - |"
   fi
   if want meta; then
     for m in cold cached; do
@@ -576,11 +613,11 @@ report() {
     raw=$(get ckpt.raw) strata=$(get ckpt.strata)
     sc=$(num "$raw" && mibs "$CKPT_BYTES" "$raw" || echo '-')
     scc=$(num "$strata" && mibs "$CKPT_BYTES" "$strata" || echo '-')
-    r1=$(ratio "$raw" "$strata")
+    r1=$(rratio ckpt.raw ckpt.strata)
     echo "| checkpoint write, $CKPT_MB MiB, dd fsync + mv (s) | raw multipart put $raw s ($sc MiB/s) | $strata s ($scc MiB/s) | $r1 (raw time / strata time) | >= 0.9 | $(meets "$r1" 0.9) |"
   fi
   echo
-  echo "Ratios are strata / baseline for MiB/s and baseline / strata for seconds: above 1, strata is faster."
+  echo "Figures are medians over the rounds. Ratios are the median of each round's ratio, taken side by side in that round: strata / baseline for MiB/s and baseline / strata for seconds, so above 1 strata is faster."
   [[ ! -s $WORK/failed ]] || echo "Failed steps: $(paste -sd, "$WORK/failed" | sed 's/,/, /g')."
 }
 mkdir -p "$ROOT/target"
