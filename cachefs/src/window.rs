@@ -52,8 +52,12 @@ impl Window {
         self.slots.contains_key(&i)
     }
 
-    /// The slot of chunk `i`, started by `start` if there is none.
+    /// The slot of chunk `i`, started by `start` if there is none, or if its load failed: a
+    /// read after an error (the store was away) tries again rather than get the old error.
     pub fn demand(&mut self, i: u64, start: impl FnOnce() -> ChunkFuture) -> ChunkFuture {
+        if self.slots.get(&i).is_some_and(|s| s.chunk.peek().is_some_and(|r| r.is_err())) {
+            self.slots.remove(&i);
+        }
         self.slots.entry(i).or_insert_with(|| Slot { chunk: start(), ahead: None }).chunk.clone()
     }
 
@@ -116,6 +120,18 @@ mod tests {
         w.advance(100, 100, 4);
         assert!(!w.contains(3));
         assert_eq!(budget.available_permits(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_failed_load_is_tried_again_by_the_next_read() {
+        let budget = Arc::new(tokio::sync::Semaphore::new(1));
+        let mut w = Window::default();
+        let failed: ChunkFuture =
+            futures::future::ready(Err(Arc::new(CacheError::Task("store away".into())))).boxed().shared();
+        w.ahead(0, failed, permit(&budget));
+        assert!(w.demand(0, || ready(9)).await.is_err(), "the failure is this read's");
+        assert_eq!(w.demand(0, || ready(7)).await.unwrap()[0], 7, "the next read loads it again");
+        assert_eq!(budget.available_permits(), 1, "the failed slot's budget came back");
     }
 
     #[tokio::test]
