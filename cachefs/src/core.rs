@@ -715,6 +715,10 @@ impl FsCore {
     async fn keep_as_cache(&self, s: &Staged, ino: u64) {
         let _order = self.keeper.order.lock().await;
         let Ok(i) = self.inode(ino) else { return };
+        // Rewritten since (no version yet) or replaced: these bytes are not that content.
+        if i.node.version.is_empty() || i.node.size != s.len {
+            return;
+        }
         let chunk = self.ns.chunk_size();
         let mut index = 0;
         while index * chunk < s.len {
