@@ -659,6 +659,9 @@ impl FsCore {
             }
         };
         s.dirty = false;
+        // Whatever stopped an upload while writing applied to that content; later writes may
+        // stream again.
+        s.streamable = true;
         drop(s);
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&path);
         self.set_node(ino, &path, node);
@@ -1248,6 +1251,13 @@ mod write_tests {
         assert_eq!(sent(&fs, a.ino).await, None, "the upload under way was given up");
         fs.write(fh, 20_000, b"tail").await.unwrap();
         data.extend_from_slice(b"tail");
+        fs.flush(fh).await.unwrap();
+        assert_eq!(cold(dir.path(), "d/patched.bin").unwrap(), data);
+        // Writes after that publish go up while written again.
+        let more = pattern(12_000);
+        fs.write(fh, data.len() as u64, &more).await.unwrap();
+        data.extend_from_slice(&more);
+        assert!(sent(&fs, a.ino).await.is_some(), "later writes stream again");
         fs.flush(fh).await.unwrap();
         assert_eq!(cold(dir.path(), "d/patched.bin").unwrap(), data);
         fs.release(fh).await.unwrap();
