@@ -358,10 +358,6 @@ impl FsCore {
             .map(|h| h.entries.clone())
     }
 
-    /// Looks a name up: in a fresh listing of its directory; else in the entry and negative
-    /// caches; else by asking the namespace about that one name (a HEAD), which also
-    /// revalidates a known file: a new ETag gives the inode the new version, so later opens
-    /// never mix its bytes with the old one's.
     /// Takes every directory listing from a namespace snapshot at once, so no directory is
     /// listed from the store until its listing expires (never, for an immutable mount).
     pub fn seed(&self, tree: HashMap<String, Vec<Node>>) {
@@ -382,6 +378,10 @@ impl FsCore {
         }
     }
 
+    /// Looks a name up: in a fresh listing of its directory; else in the entry and negative
+    /// caches; else by asking the namespace about that one name (a HEAD), which also
+    /// revalidates a known file: a new ETag gives the inode the new version, so later opens
+    /// never mix its bytes with the old one's.
     pub async fn lookup(&self, parent: u64, name: &str) -> Result<Attr, FsError> {
         if let Some(entries) = self.fresh_listing(parent) {
             return entries
@@ -914,15 +914,13 @@ impl FsCore {
             }
             let permit = match self.ahead.clone().try_acquire_owned() {
                 Ok(p) => p,
-                Err(_) if !reclaimed => {
+                Err(_) if reclaimed => return,
+                Err(_) => {
                     reclaimed = true;
                     self.reclaim_idle_read_ahead(h);
-                    match self.ahead.clone().try_acquire_owned() {
-                        Ok(p) => p,
-                        Err(_) => return,
-                    }
+                    let Ok(p) = self.ahead.clone().try_acquire_owned() else { return };
+                    p
                 }
-                Err(_) => return,
             };
             let chunk = self.load(h, i, None);
             h.window.lock().unwrap_or_else(|p| p.into_inner()).ahead(i, chunk, permit);

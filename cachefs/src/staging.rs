@@ -63,9 +63,8 @@ impl Staged {
         let data = dir.join(format!("{id}.data"));
         let manifest = dir.join(format!("{id}.json"));
         let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&data)?;
-        write_manifest(&manifest, &Manifest { target: target.to_string(), complete: false, content: None })?;
         // An empty new file is content too: `touch` then close must create an empty object.
-        Ok(Staged {
+        let staged = Staged {
             file,
             data,
             manifest,
@@ -74,13 +73,13 @@ impl Staged {
             dirty: true,
             stream: None,
             streamable: true,
-        })
+        };
+        staged.record(false, None)?;
+        Ok(staged)
     }
 
     pub fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
-        if self.stream.as_ref().is_some_and(|s| offset < s.sent) {
-            self.stop_streaming();
-        }
+        self.changing_from(offset);
         self.file.write_all_at(buf, offset)?;
         self.len = self.len.max(offset + buf.len() as u64);
         self.dirty = true;
@@ -98,9 +97,7 @@ impl Staged {
     }
 
     pub fn truncate(&mut self, len: u64) -> io::Result<()> {
-        if self.stream.as_ref().is_some_and(|s| len < s.sent) {
-            self.stop_streaming();
-        }
+        self.changing_from(len);
         self.file.set_len(len)?;
         self.len = len;
         self.dirty = true;
@@ -110,19 +107,30 @@ impl Staged {
     /// Syncs the data and marks it complete: from here a restart may publish it.
     pub fn seal(&self) -> io::Result<()> {
         self.file.sync_data()?;
-        write_manifest(&self.manifest, &Manifest { target: self.target.clone(), complete: true, content: None })
+        self.record(true, None)
     }
 
     /// Marks the data complete without syncing it, recording what it must hold.
     pub fn seal_unsynced(&self, crc32c: u32) -> io::Result<()> {
-        let m = Manifest { target: self.target.clone(), complete: true, content: Some((self.len, crc32c)) };
-        write_manifest(&self.manifest, &m)
+        self.record(true, Some((self.len, crc32c)))
+    }
+
+    fn record(&self, complete: bool, content: Option<(u64, u32)>) -> io::Result<()> {
+        write_manifest(&self.manifest, &Manifest { target: self.target.clone(), complete, content })
+    }
+
+    /// The content changes from `offset` on: an upload that already sent bytes past it is
+    /// given up.
+    fn changing_from(&mut self, offset: u64) {
+        if self.stream.as_ref().is_some_and(|s| offset < s.sent) {
+            self.stop_streaming();
+        }
     }
 
     pub fn retarget(&mut self, target: &str) -> io::Result<()> {
         self.stop_streaming();
         self.target = target.to_string();
-        write_manifest(&self.manifest, &Manifest { target: self.target.clone(), complete: false, content: None })
+        self.record(false, None)
     }
 
     /// Gives up the upload under way, if any (the store drops its parts); the content is

@@ -31,47 +31,50 @@ pub async fn pump(ns: &dyn Namespace, s: &mut Staged) -> u64 {
     if !s.streamable || part == 0 {
         return 0;
     }
-    let mut parts = 0;
-    loop {
-        let sent = s.stream.as_ref().map_or(0, |st| st.sent);
-        if s.len < sent + part || s.stream.as_ref().is_some_and(|st| st.upload.in_flight() >= parallel) {
-            return parts;
-        }
-        if s.stream.is_none() {
-            match ns.begin_upload(&s.target).await {
-                Ok(upload) => s.stream = Some(Stream { upload, sent: 0, crc: Crc32c::default() }),
-                Err(e) => {
-                    tracing::debug!(path = %s.target, error = %e, "not uploading while writing");
-                    s.streamable = false;
-                    return parts;
-                }
+    let mut st = match s.stream.take() {
+        Some(st) => st,
+        None if s.len >= part => match ns.begin_upload(&s.target).await {
+            Ok(upload) => Stream { upload, sent: 0, crc: Crc32c::default() },
+            Err(e) => {
+                tracing::debug!(path = %s.target, error = %e, "not uploading while writing");
+                s.streamable = false;
+                return 0;
             }
-        }
-        let Ok(data) = s.read_at(sent, part as usize) else {
+        },
+        None => return 0,
+    };
+    let mut parts = 0;
+    while s.len >= st.sent + part && st.upload.in_flight() < parallel {
+        if send_next(s, &mut st, part).is_err() {
+            // Dropping the upload aborts it.
             s.stop_streaming();
             return parts;
-        };
-        let st = s.stream.as_mut().expect("started above");
-        st.crc.update(&data);
-        st.upload.put_part(Bytes::from(data));
-        st.sent += part;
+        }
         parts += 1;
     }
+    s.stream = Some(st);
+    parts
+}
+
+/// Sends the `len` bytes after what was sent as the next part.
+fn send_next(s: &Staged, st: &mut Stream, len: u64) -> std::io::Result<()> {
+    let data = s.read_at(st.sent, len as usize)?;
+    st.crc.update(&data);
+    st.sent += data.len() as u64;
+    st.upload.put_part(Bytes::from(data));
+    Ok(())
 }
 
 /// Publishes a file whose upload started while it was written: sends the tail, records the
 /// content in the manifest, and completes the upload. `None` when there is no such upload.
 pub async fn finish(ns: &dyn Namespace, s: &mut Staged) -> Option<Result<Node, StreamError>> {
     let mut st = s.stream.take()?;
-    s.streamable = true;
     let (part, parallel) = ns.streaming()?;
     let sent: Result<(), StreamError> = async {
         while st.sent < s.len {
             st.upload.wait_for_room(parallel).await.map_err(NsError::from)?;
-            let data = s.read_at(st.sent, part.min(s.len - st.sent) as usize)?;
-            st.crc.update(&data);
-            st.sent += data.len() as u64;
-            st.upload.put_part(Bytes::from(data));
+            let len = part.min(s.len - st.sent);
+            send_next(s, &mut st, len)?;
         }
         s.seal_unsynced(st.crc.finish())?;
         Ok(())

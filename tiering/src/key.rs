@@ -47,25 +47,26 @@ impl ChunkKey {
         ChunkKey { path: path.into(), identity: Identity::Digest { digest: digest.into() } }
     }
 
+    /// Hashes what names an object's content: the kind, its path and its version.
+    fn hash_named(&self, h: &mut Sha256, kind: &[u8], version: &str) {
+        h.update(kind);
+        h.update(self.path.as_bytes());
+        h.update(b"\0");
+        h.update(version.as_bytes());
+        h.update(b"\0");
+    }
+
     /// The stable id that names the chunk's file in every tier.
     pub fn id(&self) -> KeyId {
         let mut h = Sha256::new();
         match &self.identity {
             Identity::Object { version, index, chunk_size } => {
-                h.update(b"object\0");
-                h.update(self.path.as_bytes());
-                h.update(b"\0");
-                h.update(version.as_bytes());
-                h.update(b"\0");
+                self.hash_named(&mut h, b"object\0", version);
                 h.update(chunk_size.to_le_bytes());
                 h.update(index.to_le_bytes());
             }
             Identity::File { version, size } => {
-                h.update(b"file\0");
-                h.update(self.path.as_bytes());
-                h.update(b"\0");
-                h.update(version.as_bytes());
-                h.update(b"\0");
+                self.hash_named(&mut h, b"file\0", version);
                 h.update(size.to_le_bytes());
             }
             // The path is left out on purpose so identical chunks dedup across layers and images.
