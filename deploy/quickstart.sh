@@ -9,6 +9,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "cargo not found: install the Rust toolchain (rustup) first" >&2; exit 1; }
+# The build generates containerd's Snapshots API with protoc.
+if ! command -v protoc >/dev/null; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends protobuf-compiler >/dev/null
+fi
 cargo build --release --locked --bin strata
 install -m 0755 target/release/strata /usr/local/bin/strata
 mkdir -p /var/lib/strata/cold

@@ -1,6 +1,7 @@
 //! The `strata` binary: command-line parsing and wiring. The work lives in the crates.
 
 mod mount_cmd;
+mod snapshotter_cmd;
 mod tier_cmd;
 
 use anyhow::Context;
@@ -40,6 +41,10 @@ struct DaemonArgs {
     /// Overrides `metrics.listen` (empty disables the endpoint).
     #[arg(long)]
     metrics_listen: Option<String>,
+    /// Serves the containerd snapshotter on this socket (sets `snapshotter.enabled` and
+    /// `snapshotter.socket`).
+    #[arg(long)]
+    snapshotter_socket: Option<PathBuf>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -89,11 +94,31 @@ async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
     if let Some(m) = args.metrics_listen {
         config.metrics.listen = m;
     }
+    if let Some(s) = args.snapshotter_socket {
+        config.snapshotter.enabled = true;
+        config.snapshotter.socket = s;
+    }
     let agent = Agent::start(config).await.context("cannot start the strata daemon")?;
+    // One signal stops every server; each waits on its own clone.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let snapshots = snapshotter_cmd::start(&agent, stopped()).await?;
     let mounts = mount_cmd::mount_declared(&agent).await;
-    agent.run(shutdown_signal()).await?;
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let served = agent.run(stopped()).await;
     mount_cmd::unmount_all(mounts).await;
-    Ok(())
+    if let Some(task) = snapshots {
+        task.await?.context("the containerd snapshotter failed")?;
+    }
+    Ok(served?)
 }
 
 async fn shutdown_signal() {

@@ -1,1 +1,18 @@
-//! strata-snapshotter
+//! strata-snapshotter: the containerd snapshotter that Strata serves as a proxy plugin.
+//!
+//! Today it serves ordinary overlay snapshots, with containerd's overlayfs semantics and a
+//! persistent metadata store. Remote (lazy) layers build on it.
+
+pub mod error;
+pub mod filter;
+pub mod model;
+pub mod overlay;
+pub mod proto;
+pub mod server;
+pub mod service;
+pub mod store;
+mod usage;
+
+pub use error::SnapshotError;
+pub use model::{Info, Kind, Mount, Usage};
+pub use overlay::Snapshotter;

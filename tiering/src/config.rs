@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 pub const DEFAULT_CONFIG: &str = "/etc/strata/config.toml";
 pub const DEFAULT_SOCKET: &str = "/run/strata/admin.sock";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/strata";
+pub const DEFAULT_SNAPSHOTTER_SOCKET: &str = "/run/strata/snapshotter.sock";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -32,6 +33,34 @@ pub struct Config {
     /// Dataset mounts the daemon serves from the cold store, through the same cache.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<MountConfig>,
+    #[serde(default)]
+    pub snapshotter: SnapshotterConfig,
+}
+
+/// `[snapshotter]`: the containerd snapshotter the daemon serves as a proxy plugin.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotterConfig {
+    /// Off unless asked for: containerd must be configured to use it (`deploy/containerd/`).
+    #[serde(default)]
+    pub enabled: bool,
+    /// The unix socket containerd's `[proxy_plugins.strata]` dials.
+    #[serde(default = "default_snapshotter_socket")]
+    pub socket: PathBuf,
+    /// Snapshot directories and metadata; `<state_dir>/snapshotter` when unset. Must be on a
+    /// file system that can be an overlay upper dir (ext4, xfs with ftype=1).
+    #[serde(default)]
+    pub root: Option<PathBuf>,
+}
+
+impl Default for SnapshotterConfig {
+    fn default() -> Self {
+        SnapshotterConfig { enabled: false, socket: default_snapshotter_socket(), root: None }
+    }
+}
+
+fn default_snapshotter_socket() -> PathBuf {
+    DEFAULT_SNAPSHOTTER_SOCKET.into()
 }
 
 /// `[[mounts]]`: one dataset mount of a prefix of the cold store.
@@ -266,6 +295,14 @@ impl Config {
         if self.policy.interval.0.is_zero() {
             return err("policy.interval".into(), "must be above 0s".into());
         }
+        if !self.snapshotter.socket.is_absolute() {
+            return err("snapshotter.socket".into(), "must be an absolute path".into());
+        }
+        if let Some(root) = &self.snapshotter.root
+            && !root.is_absolute()
+        {
+            return err("snapshotter.root".into(), "must be an absolute path".into());
+        }
         for (i, m) in self.mounts.iter().enumerate() {
             let key = |f: &str| format!("mounts[{i}].{f}");
             if !m.path.is_absolute() {
@@ -315,6 +352,10 @@ impl Config {
         }
         tc.fsync = spec.fsync;
         Some(tc)
+    }
+
+    pub fn snapshotter_root(&self) -> PathBuf {
+        self.snapshotter.root.clone().unwrap_or_else(|| self.state_dir.join("snapshotter"))
     }
 
     pub fn policy_file(&self) -> PathBuf {
@@ -385,6 +426,19 @@ mod tests {
         assert_eq!(e.key, "metrics.listen", "{e}");
         let e = Config::from_toml("bogus = 1").unwrap_err();
         assert!(e.message.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn snapshotter_is_off_by_default_and_its_paths_are_checked() {
+        let c = Config::from_toml("").unwrap();
+        assert!(!c.snapshotter.enabled);
+        assert_eq!(c.snapshotter_root(), PathBuf::from(DEFAULT_STATE_DIR).join("snapshotter"));
+        let e = Config::from_toml("[snapshotter]\nsocket = \"s.sock\"\n").unwrap_err();
+        assert_eq!(e.key, "snapshotter.socket");
+        let e = Config::from_toml("[snapshotter]\nroot = \"r\"\n").unwrap_err();
+        assert_eq!(e.key, "snapshotter.root");
+        let e = Config::from_toml("[snapshotter]\nenable = true\n").unwrap_err();
+        assert_eq!(e.key, "snapshotter.enable");
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub const COLD_FETCH_SECONDS: &str = "strata_cold_fetch_seconds";
 pub const COALESCED_MISSES: &str = "strata_coalesced_misses";
 pub const FS_OPENS: &str = "strata_fs_opens";
 pub const FS_PARTS_WHILE_WRITING: &str = "strata_fs_parts_sent_while_writing";
+pub const SNAPSHOT_REQUESTS: &str = "strata_snapshotter_requests";
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TierLabel {
@@ -39,6 +40,15 @@ pub struct TierLabel {
 pub struct OpenLabel {
     /// `passthrough` (the kernel reads a local copy), `cached` or `direct`.
     pub mode: &'static str,
+}
+
+/// One call of containerd's Snapshots service and how it ended.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SnapshotRequestLabel {
+    /// The gRPC method: `prepare`, `commit`, `stat`, ...
+    pub method: &'static str,
+    /// The gRPC code it answered with: `ok`, `not_found`, `already_exists`, ...
+    pub code: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -69,6 +79,7 @@ pub struct Metrics {
     pub coalesced: Counter,
     pub fs_opens: Family<OpenLabel, Counter>,
     pub fs_parts_while_writing: Counter,
+    pub snapshot_requests: Family<SnapshotRequestLabel, Counter>,
     /// All evictions, whatever the tier and reason; for status output.
     pub evicted_chunks: Counter,
 }
@@ -127,6 +138,11 @@ impl Metrics {
             FS_PARTS_WHILE_WRITING,
             "Upload parts of files written through mounts that went up before the writer's fsync or close",
             self.fs_parts_while_writing.clone(),
+        );
+        r.register(
+            SNAPSHOT_REQUESTS,
+            "Calls of the containerd Snapshots service, by method and answer",
+            self.snapshot_requests.clone(),
         );
     }
 }

@@ -1,0 +1,72 @@
+//! Serving the Snapshots service on a unix socket, where containerd's proxy plugin dials it,
+//! and connecting to it (for tools and tests).
+
+use crate::proto::snapshots_client::SnapshotsClient;
+use crate::service::SnapshotService;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use tokio::net::{UnixListener, UnixStream};
+use tonic::transport::{Channel, Endpoint};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("another process serves the snapshotter socket {0}")]
+    InUse(PathBuf),
+    #[error("cannot listen on the snapshotter socket {path}: {source}")]
+    Bind {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the snapshotter's gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Binds `socket` (replacing a stale socket file, never a live one) with mode 0600, since the
+/// service hands out mounts of every container's rootfs.
+pub async fn bind(socket: &Path) -> Result<UnixListener, ServeError> {
+    let err = |source| ServeError::Bind { path: socket.to_owned(), source };
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    if socket.exists() {
+        if UnixStream::connect(socket).await.is_ok() {
+            return Err(ServeError::InUse(socket.to_owned()));
+        }
+        std::fs::remove_file(socket).map_err(err)?;
+    }
+    let listener = UnixListener::bind(socket).map_err(err)?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    Ok(listener)
+}
+
+/// Serves until `shutdown` completes, then removes the socket.
+pub async fn serve(
+    service: SnapshotService,
+    listener: UnixListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let path = listener.local_addr().ok().and_then(|a| a.as_pathname().map(Path::to_owned));
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    let served = tonic::transport::Server::builder()
+        .add_service(service.into_server())
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await;
+    if let Some(p) = path {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(served?)
+}
+
+/// A client of the Snapshots service at `socket`.
+pub async fn connect(socket: &Path) -> Result<SnapshotsClient<Channel>, tonic::transport::Error> {
+    let socket = socket.to_owned();
+    // The URI is required by the API but unused: every connection goes to the socket.
+    let channel = Endpoint::from_static("http://[::1]:1")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(UnixStream::connect(socket).await?)) }
+        }))
+        .await?;
+    Ok(SnapshotsClient::new(channel))
+}
