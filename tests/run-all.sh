@@ -2,7 +2,8 @@
 # Runs every check and test of Strata on a Debian 12 machine, as root:
 #   1. installs the system packages the tests need (apt-get update first);
 #   2. cargo fmt --check and cargo clippy --all-targets -D warnings;
-#   3. starts a single-node Ceph RGW on loopback (tests/infra/rgw.sh) and stops it on exit;
+#   3. starts a single-node Ceph RGW on loopback (tests/infra/rgw.sh) and a docker-registry with
+#      the test images (tests/infra/registry.sh, images.sh), and stops them on exit;
 #   4. runs the whole workspace's tests, the ones that need RGW or root included;
 #   5. prints one closing line: "N passed, N failed".
 set -euo pipefail
@@ -30,8 +31,17 @@ check "cargo fmt --check" cargo fmt --all -- --check
 check "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 
 RGW_DIR=$(mktemp -d /tmp/strata-rgw.XXXXXX)
-cleanup() { bash "$ROOT/tests/infra/rgw.sh" stop "$RGW_DIR" >/dev/null 2>&1 || true; }
+REGISTRY_DIR=$(mktemp -d /tmp/strata-registry.XXXXXX)
+cleanup() {
+  bash "$ROOT/tests/infra/rgw.sh" stop "$RGW_DIR" >/dev/null 2>&1 || true
+  bash "$ROOT/tests/infra/registry.sh" stop "$REGISTRY_DIR" >/dev/null 2>&1 || true
+}
 trap cleanup EXIT
+log "starting the registry on loopback, with the test images"
+bash tests/infra/registry.sh start "$REGISTRY_DIR"
+bash tests/infra/images.sh "127.0.0.1:${REGISTRY_PORT:-5000}" "$REGISTRY_DIR/build"
+export STRATA_TEST_REGISTRY=127.0.0.1:${REGISTRY_PORT:-5000}
+
 log "starting Ceph RGW on loopback"
 bash tests/infra/rgw.sh start "$RGW_DIR"
 export STRATA_TEST_S3_ENDPOINT=http://127.0.0.1:${RGW_PORT:-7480}
@@ -66,6 +76,11 @@ if [[ -f $RGW_LOG ]]; then
   ranged=$(grep -cE ' beast: .*"GET /[^"]*" 206 ' "$RGW_LOG" || true)
   log "rgw served $requests requests during this run, $ranged of them ranged GETs (206); a sample:"
   grep -E ' beast: .*"GET /[^"]*" 206 ' "$RGW_LOG" | sed -E 's/^.* beast: [^ ]+ //' | head -3 || true
+fi
+REGISTRY_LOG="$REGISTRY_DIR/registry.log"
+if [[ -f $REGISTRY_LOG ]]; then
+  blob_gets=$(grep -cE '"GET /v2/[^ ]*/blobs/' "$REGISTRY_LOG" || true)
+  log "the registry served $blob_gets blob GETs during this run"
 fi
 passed=$((passed + ${tp:-0}))
 failed=$((failed + ${tf:-0}))

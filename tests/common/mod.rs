@@ -9,6 +9,7 @@ use std::process::{Child, Command, Output};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub mod containerd;
 pub mod mount;
 #[allow(unused_imports)]
 pub use mount::{Mount, mounted};

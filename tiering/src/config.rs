@@ -442,6 +442,14 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_examples_parse() {
+        let c = Config::from_toml(include_str!("../../deploy/config.example.toml")).unwrap();
+        assert!(c.snapshotter.enabled);
+        let c = Config::from_toml(include_str!("../../deploy/containerd/strata.toml")).unwrap();
+        assert_eq!(c.snapshotter.socket, PathBuf::from(DEFAULT_SNAPSHOTTER_SOCKET));
+    }
+
+    #[test]
     fn mounts_are_checked() {
         let c = Config::from_toml("[[mounts]]\npath = \"/mnt/ds\"\nprefix = \"datasets/x\"\n").unwrap();
         assert_eq!(c.mounts[0].threads, 4);

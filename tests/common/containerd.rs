@@ -1,0 +1,112 @@
+//! A real containerd for one test: its own root, state and socket in a temp dir, with Strata's
+//! snapshotter as the `strata` proxy plugin, driven with `ctr`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output};
+use std::time::{Duration, Instant};
+
+pub struct Containerd {
+    pub dir: PathBuf,
+    pub address: PathBuf,
+    child: Option<Child>,
+}
+
+/// The registry that `.ci/run` starts and fills (tests/infra/registry.sh, images.sh).
+pub fn registry() -> String {
+    std::env::var("STRATA_TEST_REGISTRY").unwrap_or_else(|_| {
+        panic!("STRATA_TEST_REGISTRY is not set: these tests need the registry that `bash .ci/run` starts")
+    })
+}
+
+pub const NAMESPACE: &str = "strata-test";
+
+impl Containerd {
+    /// Starts containerd with `[proxy_plugins.strata]` dialling `snapshotter_socket`.
+    pub fn start(dir: &Path, snapshotter_socket: &Path) -> Containerd {
+        let address = dir.join("containerd.sock");
+        // The shipped snippet (deploy/containerd/), pointed at this test's socket, with the
+        // daemon's own dirs. The CRI plugin stays off here: these tests drive containerd with ctr.
+        let snippet =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/containerd/config-1.6-1.7.toml"))
+                .unwrap()
+                .replace("/run/strata/snapshotter.sock", &snapshotter_socket.display().to_string());
+        let own = format!(
+            "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n\
+             disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+             [grpc]\n  address = \"{address}\"\n",
+            root = dir.join("root").display(),
+            state = dir.join("state").display(),
+            address = address.display(),
+        );
+        let config = dir.join("containerd.toml");
+        std::fs::write(&config, snippet.replacen("version = 2\n", &own, 1)).unwrap();
+        let log = std::fs::File::create(dir.join("containerd.log")).unwrap();
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(&config)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("containerd starts (package containerd)");
+        let mut c = Containerd { dir: dir.to_owned(), address, child: Some(child) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !c.ctr(&["version"]).status.success() {
+            if let Some(status) = c.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("containerd exited with {status}:\n{}", c.log());
+            }
+            assert!(Instant::now() < deadline, "containerd not ready after 30s:\n{}", c.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        c
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
+    }
+
+    /// `ctr --address A -n strata-test ARGS...`
+    pub fn ctr(&self, args: &[&str]) -> Output {
+        Command::new("ctr").arg("--address").arg(&self.address).args(["-n", NAMESPACE]).args(args).output().unwrap()
+    }
+
+    /// As [`Containerd::ctr`], failing the test with both logs on a non-zero exit.
+    pub fn ctr_ok(&self, args: &[&str], strata_log: &str) -> String {
+        let out = self.ctr(args);
+        assert!(
+            out.status.success(),
+            "ctr {args:?} failed: {}\n{}\n--- containerd log ---\n{}\n--- strata log ---\n{strata_log}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout),
+            self.log(),
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        // Running containers first, so their shims let go of the rootfs mounts.
+        for task in String::from_utf8_lossy(&self.ctr(&["tasks", "ls", "-q"]).stdout).lines() {
+            let _ = self.ctr(&["tasks", "kill", "-s", "SIGKILL", task]);
+            let _ = self.ctr(&["tasks", "delete", "-f", task]);
+        }
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        // Whatever is still mounted under our dir would keep the temp dir from going away.
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let prefix = self.dir.to_string_lossy().into_owned();
+        let mut ours: Vec<&str> =
+            mounts.lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| m.starts_with(&prefix)).collect();
+        ours.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in ours {
+            let _ = Command::new("umount").arg("-l").arg(m).status();
+        }
+    }
+}

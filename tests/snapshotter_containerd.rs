@@ -1,0 +1,263 @@
+//! Strata's snapshotter under a real containerd 1.6 (as its `strata` proxy plugin), with real
+//! runc containers and images pulled from the real registry that `.ci/run` starts. Needs root,
+//! so these are ignored in a plain `cargo test` and run by `.ci/run`.
+
+mod common;
+
+use common::containerd::{Containerd, registry};
+use common::*;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+
+struct Node {
+    daemon: Daemon,
+    containerd: Containerd,
+    _dir: tempfile::TempDir,
+}
+
+impl Node {
+    fn start() -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("strata-snapshotter.sock");
+        let daemon = Daemon::start(
+            &format!("[snapshotter]\nenabled = true\nsocket = \"{}\"\n", socket.display()),
+            "1GiB",
+            "1GiB",
+        );
+        let containerd = Containerd::start(dir.path(), &socket);
+        Node { daemon, containerd, _dir: dir }
+    }
+
+    fn ctr(&self, args: &[&str]) -> String {
+        self.containerd.ctr_ok(args, &self.daemon.log())
+    }
+
+    fn snapshots_root(&self) -> PathBuf {
+        self.daemon.state().join("state/snapshotter")
+    }
+
+    fn pull(&self) -> String {
+        let image = format!("{}/strata/busybox:1", registry());
+        self.ctr(&["images", "pull", "--plain-http", "--snapshotter", "strata", &image]);
+        image
+    }
+}
+
+/// The snapshot directories under the snapshotter's root, by id.
+fn layer_dirs(root: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root.join("snapshots"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_str().unwrap().parse::<u64>().is_ok())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+/// containerd removes a backend's snapshots in its garbage collector, shortly after the
+/// removal it was asked for.
+fn wait_for_layer_dirs(node: &Node, n: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while layer_dirs(&node.snapshots_root()).len() != n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?} is not {n} snapshot dirs after 20s\n{}",
+            layer_dirs(&node.snapshots_root()),
+            node.daemon.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+#[ignore = "needs root, containerd, runc and the test registry: run by .ci/run"]
+fn containerd_pulls_and_runs_an_image_on_strata_snapshots() {
+    let node = Node::start();
+    let image = node.pull();
+
+    // containerd unpacked both layers into Strata's directories, as it does into overlayfs's:
+    // the second layer holds its file and the whiteout that deletes /bin/vi.
+    let layers = layer_dirs(&node.snapshots_root());
+    let listed = node.ctr(&["snapshots", "--snapshotter", "strata", "ls"]);
+    assert_eq!(layers.len(), 2, "{layers:?}\n{listed}\n{}", node.daemon.log());
+    assert!(layers[0].join("fs/bin/busybox").is_file());
+    assert_eq!(std::fs::read(layers[1].join("fs/etc/motd")).unwrap(), b"strata layer two\n");
+    let vi = std::fs::symlink_metadata(layers[1].join("fs/bin/vi")).unwrap();
+    assert!(vi.file_type().is_char_device(), "an overlay whiteout (0/0 char device) hides /bin/vi");
+    let committed: Vec<&str> = listed.lines().filter(|l| l.contains("Committed")).collect();
+    assert_eq!(committed.len(), 2, "{listed}");
+
+    // A container on them: its root is an overlay of Strata's dirs, nearest layer first, and
+    // it sees the image as an unpack would give it.
+    let out = node.ctr(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "strata",
+        &image,
+        "pull-and-run",
+        "sh",
+        "-c",
+        "cat /etc/motd; ls /bin/vi 2>/dev/null || echo no-vi; echo written >/tmp/f && cat /tmp/f; \
+         grep ' / / ' /proc/self/mountinfo",
+    ]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(&lines[..3], &["strata layer two", "no-vi", "written"], "{out}");
+    let root = node.snapshots_root().join("snapshots");
+    let lower = format!("lowerdir={}:{}", layers[1].join("fs").display(), layers[0].join("fs").display());
+    assert!(lines[3].contains(" overlay ") && lines[3].contains(&lower), "{}", lines[3]);
+    assert!(lines[3].contains(&format!("upperdir={}/", root.display())), "{}", lines[3]);
+    // --rm let containerd's garbage collector remove the container's snapshot from Strata.
+    wait_for_layer_dirs(&node, 2);
+
+    let metrics = node.daemon.metrics_text();
+    for method in ["prepare", "commit", "stat", "mounts", "remove"] {
+        let line = format!("strata_snapshotter_requests_total{{method=\"{method}\",code=\"ok\"}}");
+        assert!(metrics.contains(&line), "{line} missing:\n{metrics}");
+    }
+
+    // Removing the image lets containerd's garbage collector remove its snapshots from Strata.
+    node.ctr(&["images", "rm", "--sync", &image]);
+    wait_for_layer_dirs(&node, 0);
+    let listed = node.ctr(&["snapshots", "--snapshotter", "strata", "ls"]);
+    assert_eq!(listed.lines().count(), 1, "only the header is left:\n{listed}");
+}
+
+#[test]
+#[ignore = "needs root, containerd, runc and the test registry: run by .ci/run"]
+fn a_killed_daemon_restarts_with_its_snapshots_and_containers_keep_working() {
+    let mut node = Node::start();
+    let image = node.pull();
+    node.ctr(&["run", "-d", "--snapshotter", "strata", &image, "long", "sleep", "600"]);
+    let before = node.ctr(&["snapshots", "--snapshotter", "strata", "ls"]);
+
+    node.daemon.kill9();
+    node.daemon.spawn();
+
+    // containerd redials a proxy plugin with a backoff of up to 3 s.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let after = loop {
+        let out = node.containerd.ctr(&["snapshots", "--snapshotter", "strata", "ls"]);
+        if out.status.success() {
+            break String::from_utf8(out.stdout).unwrap();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "containerd did not reconnect: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(after, before);
+    let out = node.ctr(&["tasks", "exec", "--exec-id", "probe", "long", "cat", "/etc/motd"]);
+    assert_eq!(out, "strata layer two\n", "the running container kept its rootfs");
+    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "after-restart", "echo", "started"]);
+    assert_eq!(out, "started\n");
+}
+
+/// Replaces RFC 3339 times (`2026-11-30T06:53:17Z`, as in ctr's `containerd.io/gc.root`
+/// labels) with `TIME`.
+fn mask_times(text: &str) -> String {
+    let b = text.as_bytes();
+    let shape = b"dddd-dd-ddTdd:dd:ddZ";
+    let mut out = String::new();
+    let mut i = 0;
+    while i < b.len() {
+        let fits = b.len() - i >= shape.len()
+            && shape.iter().zip(&b[i..]).all(|(s, c)| if *s == b'd' { c.is_ascii_digit() } else { s == c });
+        if fits {
+            out.push_str("TIME");
+            i += shape.len();
+        } else {
+            out.push(b[i] as char);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Runs one script of `ctr snapshots` commands against a snapshotter and records what each
+/// one answered, with the snapshotter's root and the times taken out. The one successful
+/// removal comes last: it wakes containerd's garbage collector, which takes snapshots that no
+/// lease or root label holds, such as `ctr`'s views once the command is over.
+fn snapshot_script(containerd: &Containerd, snapshotter: &str, root: &Path) -> Vec<String> {
+    // containerd also collects once, 100 ms after it starts (its scheduler's startup_delay):
+    // let that pass first.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let steps: &[&[&str]] = &[
+        &["prepare", "a"],
+        &["prepare", "a"],
+        &["commit", "layer1", "a"],
+        &["prepare", "b", "layer1"],
+        &["prepare", "c", "missing"],
+        &["view", "v", "layer1"],
+        &["commit", "layer2", "v"],
+        &["commit", "layer2", "b"],
+        &["prepare", "b2", "b"],
+        &["prepare", "top", "layer2"],
+        &["view", "v2", "layer2"],
+        &["label", "layer1", "team=ml"],
+        &["label", "layer1", "team="],
+        &["label", "layer2", "keep=1"],
+        &["rm", "layer1"],
+        &["rm", "missing"],
+        &["mounts", "/target", "top"],
+        &["mounts", "/target", "v"],
+        &["mounts", "/target", "v2"],
+        &["mounts", "/target", "layer2"],
+        &["usage", "layer1"],
+        &["info", "layer2"],
+        &["ls"],
+        &["tree"],
+        &["rm", "v"],
+    ];
+    let root = root.display().to_string();
+    let mut record = Vec::new();
+    for step in steps {
+        let mut args = vec!["snapshots", "--snapshotter", snapshotter];
+        args.extend_from_slice(step);
+        let out = containerd.ctr(&args);
+        let text = if out.status.success() {
+            mask_times(&String::from_utf8_lossy(&out.stdout).replace(&root, "ROOT"))
+        } else {
+            // containerd appends the error class (from the gRPC code) to the message; the words
+            // before it are each snapshotter's own.
+            let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            format!("error: {}", err.rsplit(": ").next().unwrap())
+        };
+        let text: String = text
+            .lines()
+            .filter(|l| !l.contains("\"Created\"") && !l.contains("\"Updated\""))
+            .map(|l| {
+                // `ctr snapshots label` prints a map, in no fixed order.
+                if step[0] == "label" {
+                    let mut pairs: Vec<&str> = l.split(',').collect();
+                    pairs.sort();
+                    pairs.join(",")
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        record.push(format!("{step:?} -> {text}"));
+    }
+    record
+}
+
+#[test]
+#[ignore = "needs root, containerd, runc and the test registry: run by .ci/run"]
+fn snapshot_commands_answer_as_containerds_overlayfs_does() {
+    let node = Node::start();
+    let ours = snapshot_script(&node.containerd, "strata", &node.snapshots_root());
+    // containerd's own overlayfs snapshotter, in a containerd of its own, so that neither
+    // run's garbage collection reaches into the other's.
+    let other = tempfile::tempdir().unwrap();
+    let reference = Containerd::start(other.path(), &other.path().join("unused.sock"));
+    let overlayfs_root = other.path().join("root/io.containerd.snapshotter.v1.overlayfs");
+    let theirs = snapshot_script(&reference, "overlayfs", &overlayfs_root);
+    assert!(theirs.iter().any(|l| l.contains("overlay") && l.contains("lowerdir=")), "{theirs:#?}");
+    assert!(theirs.iter().any(|l| l.contains("error: already exists")), "{theirs:#?}");
+    assert!(theirs.iter().any(|l| l.contains("v2     layer2 View")), "{theirs:#?}");
+    assert_eq!(ours, theirs, "strata answered differently from overlayfs");
+}
