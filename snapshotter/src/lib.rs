@@ -4,10 +4,12 @@
 //! persistent metadata store. Remote (lazy) layers build on it.
 
 pub mod error;
+pub mod estargz;
 pub mod filter;
 pub mod model;
 pub mod overlay;
 pub mod proto;
+pub mod registry;
 pub mod server;
 pub mod service;
 pub mod store;

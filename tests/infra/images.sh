@@ -4,6 +4,9 @@
 # Pushes REGISTRY/strata/busybox:1, two layers:
 #   1. busybox-static as /bin/busybox with its applet links;
 #   2. /etc/motd ("strata layer two"), and /bin/vi deleted (a whiteout).
+# and its eStargz conversions by stargz-snapshotter's own ctr-remote (run in a containerd of
+# its own under WORKDIR): :esgz (default 4 MiB chunks) and :esgz-64k (64 KiB chunks, so that
+# files span many chunks), and :esgz of strata/specials:1 (below).
 set -euo pipefail
 
 REGISTRY=${1:?registry host:port}; WORK=${2:?work dir}
@@ -35,3 +38,49 @@ rm -rf bundle
 umoci gc --layout oci
 skopeo copy -q --dest-tls-verify=false oci:oci:busybox "docker://$REGISTRY/strata/busybox:1"
 echo "images: pushed $REGISTRY/strata/busybox:1" >&2
+
+# strata/specials:1 = busybox:1 plus a layer of what a tar can hold beyond plain files: a hard
+# link, a character device, a fifo, a setuid file, an xattr, another owner, a non-ASCII name.
+umoci unpack --image oci:busybox bundle
+O=bundle/rootfs/opt
+mkdir -p "$O"
+printf 'linked content\n' >"$O/file"
+ln "$O/file" "$O/hard"
+mknod "$O/char" c 1 3
+mkfifo "$O/fifo"
+printf '#!/bin/sh\necho suid\n' >"$O/suid" && chmod 4755 "$O/suid"
+python3 -c 'import os; os.setxattr("'"$O"'/file", "user.strata", b"layer three")'
+printf 'owned\n' >"$O/owned" && chown 1000:1000 "$O/owned" && chmod 0640 "$O/owned"
+printf 'caf\xc3\xa9\n' >"$O/caf$(printf '\xc3\xa9')"
+umoci repack --image oci:specials --history.created_by "strata tests: special files" bundle
+rm -rf bundle
+umoci gc --layout oci
+skopeo copy -q --dest-tls-verify=false oci:oci:specials "docker://$REGISTRY/strata/specials:1"
+echo "images: pushed $REGISTRY/strata/specials:1" >&2
+
+CTD=$WORK/containerd
+mkdir -p "$CTD"
+cat >"$CTD/config.toml" <<TOML
+version = 2
+root = "$CTD/root"
+state = "$CTD/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = "$CTD/containerd.sock"
+TOML
+containerd --config "$CTD/config.toml" >"$CTD/log" 2>&1 &
+CTD_PID=$!
+trap 'kill $CTD_PID 2>/dev/null; wait $CTD_PID 2>/dev/null || true' EXIT
+remote() { ctr-remote --address "$CTD/containerd.sock" -n convert "$@"; }
+for _ in $(seq 100); do remote version >/dev/null 2>&1 && break; sleep 0.1; done
+remote version >/dev/null 2>&1 || { echo "images: containerd for conversion did not start" >&2; cat "$CTD/log" >&2; exit 1; }
+SRC=$REGISTRY/strata/busybox:1
+remote image pull --plain-http "$SRC" >/dev/null
+remote image convert --oci --estargz "$SRC" "$REGISTRY/strata/busybox:esgz" >/dev/null
+remote image convert --oci --estargz --estargz-chunk-size 65536 "$SRC" "$REGISTRY/strata/busybox:esgz-64k" >/dev/null
+remote image pull --plain-http "$REGISTRY/strata/specials:1" >/dev/null
+remote image convert --oci --estargz "$REGISTRY/strata/specials:1" "$REGISTRY/strata/specials:esgz" >/dev/null
+for ref in busybox:esgz busybox:esgz-64k specials:esgz; do
+  remote image push --plain-http "$REGISTRY/strata/$ref" >/dev/null
+  echo "images: pushed $REGISTRY/strata/$ref (eStargz by ctr-remote)" >&2
+done

@@ -1,0 +1,212 @@
+//! Registry credentials and challenges: docker `config.json` logins, `WWW-Authenticate`
+//! parsing, and the token exchange of the registry token protocol.
+
+use super::RegistryError;
+use base64::Engine;
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// A username and password (or identity token) for one registry host.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Login {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Login {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Login").field("username", &self.username).field("password", &"<hidden>").finish()
+    }
+}
+
+impl Login {
+    pub fn basic_header(&self) -> String {
+        let raw = format!("{}:{}", self.username, self.password);
+        format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(raw))
+    }
+}
+
+/// Logins by registry host, from a docker `config.json` (`auths`).
+#[derive(Debug, Clone, Default)]
+pub struct Credentials {
+    by_host: HashMap<String, Login>,
+}
+
+#[derive(Deserialize)]
+struct DockerConfig {
+    #[serde(default)]
+    auths: HashMap<String, DockerAuth>,
+}
+
+#[derive(Deserialize)]
+struct DockerAuth {
+    auth: Option<String>,
+    username: Option<String>,
+    password: Option<String>,
+}
+
+impl Credentials {
+    /// Reads `path`; a missing file means no logins, a damaged one is an error naming it.
+    pub fn load(path: &Path) -> Result<Credentials, RegistryError> {
+        let err = |reason: String| RegistryError::Config { path: path.display().to_string(), reason };
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Credentials::default()),
+            Err(e) => return Err(err(e.to_string())),
+        };
+        let config: DockerConfig = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
+        let mut by_host = HashMap::new();
+        for (key, a) in config.auths {
+            let login = match (a.auth, a.username, a.password) {
+                (Some(enc), _, _) if !enc.is_empty() => {
+                    let raw = base64::engine::general_purpose::STANDARD
+                        .decode(enc.trim())
+                        .map_err(|e| err(format!("auths.{key}.auth is not base64: {e}")))?;
+                    let raw = String::from_utf8(raw).map_err(|_| err(format!("auths.{key}.auth is not UTF-8")))?;
+                    let (u, p) =
+                        raw.split_once(':').ok_or_else(|| err(format!("auths.{key}.auth is not user:password")))?;
+                    Login { username: u.to_owned(), password: p.to_owned() }
+                }
+                (_, Some(u), Some(p)) => Login { username: u, password: p },
+                _ => continue,
+            };
+            by_host.insert(normalise_host(&key), login);
+        }
+        Ok(Credentials { by_host })
+    }
+
+    pub fn with_login(mut self, host: &str, login: Login) -> Credentials {
+        self.by_host.insert(normalise_host(host), login);
+        self
+    }
+
+    pub fn login(&self, host: &str) -> Option<&Login> {
+        self.by_host.get(&normalise_host(host))
+    }
+}
+
+/// `https://index.docker.io/v1/` and friends are keys for `docker.io`; other keys may carry a
+/// scheme or a path that the host alone identifies.
+fn normalise_host(key: &str) -> String {
+    let k = key.trim_start_matches("https://").trim_start_matches("http://");
+    let k = k.split('/').next().unwrap_or(k);
+    match k {
+        "index.docker.io" | "registry-1.docker.io" | "registry.hub.docker.com" => "docker.io".to_owned(),
+        other => other.to_owned(),
+    }
+}
+
+/// A `WWW-Authenticate` challenge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Challenge {
+    Basic,
+    Bearer { realm: String, service: Option<String>, scope: Option<String> },
+}
+
+pub fn parse_challenge(header: &str) -> Option<Challenge> {
+    let (scheme, params) = header.trim().split_once(' ').unwrap_or((header.trim(), ""));
+    if scheme.eq_ignore_ascii_case("basic") {
+        return Some(Challenge::Basic);
+    }
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let mut map = HashMap::new();
+    let mut rest = params.trim();
+    while !rest.is_empty() {
+        let (key, after) = rest.split_once('=')?;
+        let (value, after) = if let Some(q) = after.strip_prefix('"') {
+            let end = q.find('"')?;
+            (&q[..end], &q[end + 1..])
+        } else {
+            after.split_once(',').unwrap_or((after, ""))
+        };
+        map.insert(key.trim().to_ascii_lowercase(), value.to_owned());
+        rest = after.trim_start_matches([',', ' ']);
+    }
+    Some(Challenge::Bearer { realm: map.remove("realm")?, service: map.remove("service"), scope: map.remove("scope") })
+}
+
+#[derive(Deserialize)]
+struct TokenAnswer {
+    token: Option<String>,
+    access_token: Option<String>,
+}
+
+/// Gets a bearer token for `scope` from the challenge's realm, with `login` if there is one.
+pub async fn fetch_token(
+    client: &reqwest::Client,
+    realm: &str,
+    service: Option<&str>,
+    scope: &str,
+    login: Option<&Login>,
+) -> Result<String, RegistryError> {
+    let auth_err = |reason: String| RegistryError::Auth { url: realm.to_owned(), reason };
+    let mut url =
+        reqwest::Url::parse(realm).map_err(|e| auth_err(format!("the challenge's realm is not a URL: {e}")))?;
+    url.query_pairs_mut().append_pair("scope", scope);
+    if let Some(s) = service {
+        url.query_pairs_mut().append_pair("service", s);
+    }
+    let mut req = client.get(url);
+    if let Some(l) = login {
+        req = req.header(reqwest::header::AUTHORIZATION, l.basic_header());
+    }
+    let resp = req.send().await.map_err(|source| RegistryError::Http { url: realm.to_owned(), source })?;
+    let status = resp.status();
+    let body = resp.bytes().await.map_err(|source| RegistryError::Http { url: realm.to_owned(), source })?;
+    if !status.is_success() {
+        return Err(auth_err(format!("the token service answered {status}")));
+    }
+    let answer: TokenAnswer =
+        serde_json::from_slice(&body).map_err(|e| auth_err(format!("unreadable token answer: {e}")))?;
+    answer
+        .token
+        .or(answer.access_token)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| auth_err("the token answer holds no token".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn challenges_parse() {
+        let c = parse_challenge(
+            r#"Bearer realm="https://auth.docker.io/token",service="registry.docker.io",scope="repository:library/busybox:pull""#,
+        );
+        assert_eq!(
+            c,
+            Some(Challenge::Bearer {
+                realm: "https://auth.docker.io/token".into(),
+                service: Some("registry.docker.io".into()),
+                scope: Some("repository:library/busybox:pull".into()),
+            })
+        );
+        assert_eq!(parse_challenge(r#"Basic realm="Registry""#), Some(Challenge::Basic));
+        assert_eq!(parse_challenge("Negotiate"), None);
+        assert_eq!(parse_challenge("Bearer service=x"), None, "a bearer challenge needs a realm");
+    }
+
+    #[test]
+    fn docker_config_logins_load_by_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        let auth = base64::engine::general_purpose::STANDARD.encode("alice:s3cret");
+        std::fs::write(
+            &path,
+            format!(r#"{{"auths": {{"https://index.docker.io/v1/": {{"auth": "{auth}"}}, "reg.local:5000": {{"username": "bob", "password": "pw"}}}}}}"#),
+        )
+        .unwrap();
+        let c = Credentials::load(&path).unwrap();
+        assert_eq!(c.login("docker.io").unwrap().username, "alice");
+        assert_eq!(c.login("reg.local:5000").unwrap().password, "pw");
+        assert!(c.login("other.io").is_none());
+        assert!(!format!("{:?}", c.login("docker.io").unwrap()).contains("s3cret"), "passwords stay out of logs");
+        assert!(Credentials::load(&dir.path().join("absent.json")).unwrap().login("docker.io").is_none());
+        std::fs::write(&path, "{").unwrap();
+        assert!(Credentials::load(&path).unwrap_err().to_string().contains("config.json"));
+    }
+}

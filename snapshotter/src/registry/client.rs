@@ -1,0 +1,307 @@
+//! Talking to registries: manifests (resolving a multi-platform index to this platform), blob
+//! sizes, and ranged blob reads. Each request goes to the host's endpoints in order (mirrors,
+//! then the upstream), answering a 401 with the token or basic login the challenge asks for.
+
+use super::RegistryError;
+use super::auth::{Challenge, Credentials, fetch_token, parse_challenge};
+use super::hosts::{Endpoint, Hosts};
+use super::reference::ImageRef;
+use bytes::Bytes;
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_LENGTH, CONTENT_RANGE, RANGE, WWW_AUTHENTICATE};
+use reqwest::{Method, StatusCode};
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::sync::Mutex;
+use std::time::Duration;
+
+const MANIFEST_TYPES: &str = "application/vnd.oci.image.index.v1+json, \
+    application/vnd.oci.image.manifest.v1+json, \
+    application/vnd.docker.distribution.manifest.list.v2+json, \
+    application/vnd.docker.distribution.manifest.v2+json";
+
+/// The most bytes of a manifest Strata reads: real ones are a few KiB.
+const MANIFEST_LIMIT: usize = 4 << 20;
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ManifestLayer {
+    #[serde(default)]
+    pub media_type: String,
+    pub digest: String,
+    pub size: u64,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// An image manifest for one platform.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Manifest {
+    pub digest: String,
+    pub config_digest: String,
+    pub layers: Vec<ManifestLayer>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawManifest {
+    #[serde(default)]
+    media_type: String,
+    config: Option<RawDescriptor>,
+    #[serde(default)]
+    layers: Vec<ManifestLayer>,
+    #[serde(default)]
+    manifests: Vec<RawPlatformManifest>,
+}
+
+#[derive(Deserialize)]
+struct RawDescriptor {
+    digest: String,
+}
+
+#[derive(Deserialize)]
+struct RawPlatformManifest {
+    digest: String,
+    platform: Option<RawPlatform>,
+}
+
+#[derive(Deserialize)]
+struct RawPlatform {
+    architecture: String,
+    os: String,
+}
+
+/// A registry client for every host, with the node's `hosts.toml` and logins.
+#[derive(Debug)]
+pub struct Registry {
+    hosts: Hosts,
+    credentials: Credentials,
+    client: reqwest::Client,
+    insecure: reqwest::Client,
+    /// Authorization headers that worked, by endpoint base and repository.
+    auth: Mutex<HashMap<(String, String), String>>,
+}
+
+/// The OCI architecture name of this machine.
+fn this_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "powerpc64" => "ppc64le",
+        other => other,
+    }
+}
+
+impl Registry {
+    pub fn new(hosts: Hosts, credentials: Credentials) -> Registry {
+        let build = |insecure: bool| {
+            reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(10))
+                .read_timeout(Duration::from_secs(60))
+                .danger_accept_invalid_certs(insecure)
+                .user_agent(concat!("strata/", env!("CARGO_PKG_VERSION")))
+                .build()
+                .expect("an HTTP client with rustls builds")
+        };
+        Registry { hosts, credentials, client: build(false), insecure: build(true), auth: Mutex::new(HashMap::new()) }
+    }
+
+    /// The manifest of `image` for this platform: an index is resolved to the entry for
+    /// linux and this architecture. Content fetched by digest is checked against it.
+    pub async fn manifest(&self, image: &ImageRef) -> Result<Manifest, RegistryError> {
+        let (body, digest) = self.manifest_bytes(image, image.object()).await?;
+        let raw = parse_manifest(image, &body)?;
+        if raw.manifests.is_empty() {
+            return to_manifest(image, raw, digest);
+        }
+        let chosen = raw
+            .manifests
+            .iter()
+            .find(|m| m.platform.as_ref().is_some_and(|p| p.os == "linux" && p.architecture == this_arch()))
+            .ok_or_else(|| RegistryError::Manifest {
+                reference: image.to_string(),
+                reason: format!("the index has no manifest for linux/{}", this_arch()),
+            })?;
+        let (body, digest) = self.manifest_bytes(image, &chosen.digest.clone()).await?;
+        to_manifest(image, parse_manifest(image, &body)?, digest)
+    }
+
+    async fn manifest_bytes(&self, image: &ImageRef, object: &str) -> Result<(Bytes, String), RegistryError> {
+        let by_digest = object.contains(':');
+        let path = format!("/manifests/{object}");
+        let resp = self.send(image, &path, Method::GET, |r| r.header(ACCEPT, MANIFEST_TYPES), !by_digest).await?;
+        let url = resp.url().to_string();
+        let body = resp.bytes().await.map_err(|source| RegistryError::Http { url: url.clone(), source })?;
+        if body.len() > MANIFEST_LIMIT {
+            return Err(RegistryError::Manifest { reference: image.to_string(), reason: "larger than 4 MiB".into() });
+        }
+        let digest = crate::estargz::sha256_digest(&body);
+        if by_digest && object != digest {
+            return Err(RegistryError::Manifest {
+                reference: image.to_string(),
+                reason: format!("asked for {object}, got content hashing to {digest}"),
+            });
+        }
+        Ok((body, digest))
+    }
+
+    /// The size of blob `digest` of `image`'s repository.
+    pub async fn blob_size(&self, image: &ImageRef, digest: &str) -> Result<u64, RegistryError> {
+        let resp = self.send(image, &format!("/blobs/{digest}"), Method::HEAD, |r| r, false).await?;
+        resp.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok()).ok_or_else(|| {
+            RegistryError::Status {
+                url: resp.url().to_string(),
+                status: resp.status().as_u16(),
+                detail: " without a Content-Length".into(),
+            }
+        })
+    }
+
+    /// Bytes `range` of blob `digest`; exactly those bytes, or an error.
+    pub async fn blob_range(&self, image: &ImageRef, digest: &str, range: Range<u64>) -> Result<Bytes, RegistryError> {
+        if range.is_empty() {
+            return Ok(Bytes::new());
+        }
+        let header = format!("bytes={}-{}", range.start, range.end - 1);
+        let resp = self
+            .send(image, &format!("/blobs/{digest}"), Method::GET, |r| r.header(RANGE, header.clone()), false)
+            .await?;
+        let url = resp.url().to_string();
+        let bad = |got: String| RegistryError::Range { url: url.clone(), start: range.start, end: range.end, got };
+        if resp.status() != StatusCode::PARTIAL_CONTENT {
+            // A server that ignores Range would send the whole blob; lazy reads cannot work
+            // with it, and reading the whole body here would defeat the memory bound.
+            return Err(bad(format!("status {} instead of 206 Partial Content", resp.status())));
+        }
+        let content_range = resp.headers().get(CONTENT_RANGE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+        let expected_prefix = format!("bytes {}-{}/", range.start, range.end - 1);
+        if !content_range.starts_with(&expected_prefix) {
+            return Err(bad(format!("Content-Range {content_range:?}")));
+        }
+        let body = resp.bytes().await.map_err(|source| RegistryError::Http { url: url.clone(), source })?;
+        if body.len() as u64 != range.end - range.start {
+            return Err(bad(format!("{} bytes", body.len())));
+        }
+        Ok(body)
+    }
+
+    /// Sends one request to the first endpoint that answers it with success, authenticating
+    /// on a 401 as challenged. `resolve` marks tag lookups, which only `resolve` endpoints do.
+    async fn send(
+        &self,
+        image: &ImageRef,
+        path: &str,
+        method: Method,
+        build: impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
+        resolve: bool,
+    ) -> Result<reqwest::Response, RegistryError> {
+        let endpoints: Vec<Endpoint> = self
+            .hosts
+            .endpoints(&image.host)?
+            .into_iter()
+            .filter(|e| if resolve { e.resolve } else { e.pull })
+            .collect();
+        let mut last = None;
+        for ep in &endpoints {
+            match self.send_to(ep, image, path, method.clone(), &build).await {
+                Ok(resp) => return Ok(resp),
+                Err(e) => {
+                    tracing::debug!(endpoint = %ep.base, error = %e, "registry endpoint failed; trying the next");
+                    last = Some(e);
+                }
+            }
+        }
+        match last {
+            Some(e) if endpoints.len() == 1 => Err(e),
+            Some(e) => Err(RegistryError::AllHostsFailed { host: image.host.clone(), last: Box::new(e) }),
+            None => Err(RegistryError::Config {
+                path: "hosts.toml".into(),
+                reason: format!("no endpoint of {} may {}", image.host, if resolve { "resolve" } else { "pull" }),
+            }),
+        }
+    }
+
+    async fn send_to(
+        &self,
+        ep: &Endpoint,
+        image: &ImageRef,
+        path: &str,
+        method: Method,
+        build: &impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, RegistryError> {
+        let client = if ep.skip_verify { &self.insecure } else { &self.client };
+        let url = format!("{}/{}{}", ep.base, image.repository, path);
+        let key = (ep.base.clone(), image.repository.clone());
+        let cached = self.auth.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
+        let attempt = |auth: Option<String>| {
+            let mut req = build(client.request(method.clone(), &url));
+            if let Some(a) = auth {
+                req = req.header(AUTHORIZATION, a);
+            }
+            req.send()
+        };
+        let http = |source| RegistryError::Http { url: url.clone(), source };
+        let mut resp = attempt(cached.clone()).await.map_err(http)?;
+        if resp.status() == StatusCode::UNAUTHORIZED {
+            let challenge =
+                resp.headers().get(WWW_AUTHENTICATE).and_then(|v| v.to_str().ok()).and_then(parse_challenge);
+            let login = self.credentials.login(&image.host);
+            let header = match challenge {
+                Some(Challenge::Basic) => match login {
+                    Some(l) => l.basic_header(),
+                    None => {
+                        return Err(RegistryError::Auth {
+                            url,
+                            reason: "the registry wants a login, and none is configured for this host".into(),
+                        });
+                    }
+                },
+                Some(Challenge::Bearer { realm, service, scope }) => {
+                    let scope = scope.unwrap_or_else(|| format!("repository:{}:pull", image.repository));
+                    format!("Bearer {}", fetch_token(&self.client, &realm, service.as_deref(), &scope, login).await?)
+                }
+                None => {
+                    return Err(RegistryError::Auth {
+                        url,
+                        reason: "401 without a challenge Strata understands".into(),
+                    });
+                }
+            };
+            resp = attempt(Some(header.clone())).await.map_err(http)?;
+            if resp.status() == StatusCode::UNAUTHORIZED {
+                return Err(RegistryError::Auth { url, reason: "credentials refused".into() });
+            }
+            self.auth.lock().unwrap_or_else(|p| p.into_inner()).insert(key, header);
+        }
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status().as_u16();
+        let detail = match resp.text().await {
+            Ok(t) if !t.trim().is_empty() => format!(": {}", t.trim().chars().take(200).collect::<String>()),
+            _ => String::new(),
+        };
+        Err(RegistryError::Status { url, status, detail })
+    }
+}
+
+fn parse_manifest(image: &ImageRef, body: &[u8]) -> Result<RawManifest, RegistryError> {
+    serde_json::from_slice(body)
+        .map_err(|e| RegistryError::Manifest { reference: image.to_string(), reason: format!("not a manifest: {e}") })
+}
+
+fn to_manifest(image: &ImageRef, raw: RawManifest, digest: String) -> Result<Manifest, RegistryError> {
+    let config = raw.config.ok_or_else(|| RegistryError::Manifest {
+        reference: image.to_string(),
+        reason: format!("no config (media type {:?})", raw.media_type),
+    })?;
+    for l in &raw.layers {
+        if !crate::estargz::is_sha256_digest(&l.digest) {
+            return Err(RegistryError::Manifest {
+                reference: image.to_string(),
+                reason: format!("layer digest {:?} is not sha256", l.digest),
+            });
+        }
+    }
+    Ok(Manifest { digest, config_digest: config.digest, layers: raw.layers })
+}

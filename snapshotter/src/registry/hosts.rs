@@ -1,0 +1,201 @@
+//! Where a registry host is reached, in containerd's `hosts.toml` layout: under `config_path`,
+//! `<host[:port]>/hosts.toml` (else `_default/hosts.toml`) lists mirrors (`[host."URL"]`, tried
+//! in order, each with `capabilities` and `skip_verify`) and the upstream `server`.
+
+use super::RegistryError;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Base URL the API paths go under, e.g. `http://127.0.0.1:5000/v2`.
+    pub base: String,
+    pub skip_verify: bool,
+    /// Can resolve tags to digests (manifests by tag).
+    pub resolve: bool,
+    /// Can serve content by digest.
+    pub pull: bool,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct HostsFile {
+    server: Option<String>,
+    capabilities: Option<Vec<String>>,
+    skip_verify: Option<bool>,
+    #[serde(default)]
+    host: toml_ordered::Hosts,
+    override_path: Option<bool>,
+    // Accepted so that files written for containerd load; not used by Strata yet.
+    #[allow(dead_code)]
+    ca: Option<toml::Value>,
+    #[allow(dead_code)]
+    client: Option<toml::Value>,
+    #[allow(dead_code)]
+    header: Option<BTreeMap<String, toml::Value>>,
+}
+
+#[derive(Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+struct HostEntry {
+    capabilities: Option<Vec<String>>,
+    skip_verify: Option<bool>,
+    override_path: Option<bool>,
+    #[allow(dead_code)]
+    ca: Option<toml::Value>,
+    #[allow(dead_code)]
+    client: Option<toml::Value>,
+    #[allow(dead_code)]
+    header: Option<BTreeMap<String, toml::Value>>,
+}
+
+/// `[host."URL"]` tables keep their file order: mirrors are tried in the order written.
+mod toml_ordered {
+    use super::HostEntry;
+    use serde::de::{Deserializer, MapAccess, Visitor};
+
+    #[derive(Default)]
+    pub struct Hosts(pub Vec<(String, HostEntry)>);
+
+    impl<'de> serde::Deserialize<'de> for Hosts {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Hosts, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = Hosts;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a table of host URLs")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Hosts, A::Error> {
+                    let mut out = Vec::new();
+                    while let Some((k, v)) = m.next_entry::<String, HostEntry>()? {
+                        out.push((k, v));
+                    }
+                    Ok(Hosts(out))
+                }
+            }
+            d.deserialize_map(V)
+        }
+    }
+}
+
+/// Registry host configuration under one `config_path` (none: defaults only).
+#[derive(Debug, Clone, Default)]
+pub struct Hosts {
+    config_path: Option<PathBuf>,
+}
+
+impl Hosts {
+    pub fn new(config_path: Option<&Path>) -> Hosts {
+        Hosts { config_path: config_path.map(Path::to_owned) }
+    }
+
+    /// The endpoints for `host`, mirrors first, then the upstream.
+    pub fn endpoints(&self, host: &str) -> Result<Vec<Endpoint>, RegistryError> {
+        let file = self.config_path.as_ref().and_then(|dir| {
+            [dir.join(host).join("hosts.toml"), dir.join("_default").join("hosts.toml")]
+                .into_iter()
+                .find(|p| p.is_file())
+        });
+        let Some(path) = file else { return Ok(vec![default_endpoint(host)]) };
+        let err = |reason: String| RegistryError::Config { path: path.display().to_string(), reason };
+        let text = std::fs::read_to_string(&path).map_err(|e| err(e.to_string()))?;
+        let parsed: HostsFile = toml::from_str(&text).map_err(|e| err(e.message().to_owned()))?;
+        let mut out = Vec::new();
+        for (url, entry) in &parsed.host.0 {
+            out.push(
+                endpoint(url, entry.capabilities.as_deref(), entry.skip_verify, entry.override_path).map_err(&err)?,
+            );
+        }
+        match &parsed.server {
+            Some(url) => out.push(
+                endpoint(url, parsed.capabilities.as_deref(), parsed.skip_verify, parsed.override_path)
+                    .map_err(&err)?,
+            ),
+            None => out.push(default_endpoint(host)),
+        }
+        Ok(out)
+    }
+}
+
+fn endpoint(
+    url: &str,
+    caps: Option<&[String]>,
+    skip_verify: Option<bool>,
+    override_path: Option<bool>,
+) -> Result<Endpoint, String> {
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(format!("host {url:?} must start with http:// or https://"));
+    }
+    let trimmed = url.trim_end_matches('/');
+    let base = if override_path == Some(true) || trimmed.ends_with("/v2") {
+        trimmed.to_owned()
+    } else {
+        format!("{trimmed}/v2")
+    };
+    let caps: Vec<&str> =
+        caps.map(|c| c.iter().map(String::as_str).collect()).unwrap_or_else(|| vec!["pull", "resolve", "push"]);
+    for c in &caps {
+        if !matches!(*c, "pull" | "resolve" | "push") {
+            return Err(format!("capability {c:?} of {url:?} is not pull, resolve or push"));
+        }
+    }
+    Ok(Endpoint {
+        base,
+        skip_verify: skip_verify.unwrap_or(false),
+        resolve: caps.contains(&"resolve"),
+        pull: caps.contains(&"pull"),
+    })
+}
+
+/// Without configuration: HTTPS, except loopback registries, which speak plain HTTP as
+/// containerd lets them by default.
+fn default_endpoint(host: &str) -> Endpoint {
+    let name = host.rsplit_once(':').map(|(h, _)| h).unwrap_or(host);
+    let loopback = matches!(name, "localhost" | "127.0.0.1" | "[::1]") || name.starts_with("127.");
+    let base = match host {
+        "docker.io" => "https://registry-1.docker.io/v2".to_owned(),
+        h if loopback => format!("http://{h}/v2"),
+        h => format!("https://{h}/v2"),
+    };
+    Endpoint { base, skip_verify: false, resolve: true, pull: true }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_toml_gives_mirrors_in_order_then_the_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("registry.example:5000");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(
+            d.join("hosts.toml"),
+            "server = \"https://registry.example:5000\"\n\
+             [host.\"http://mirror-b:5000\"]\n  capabilities = [\"pull\"]\n\
+             [host.\"https://mirror-a\"]\n  capabilities = [\"pull\", \"resolve\"]\n  skip_verify = true\n",
+        )
+        .unwrap();
+        let e = Hosts::new(Some(dir.path())).endpoints("registry.example:5000").unwrap();
+        let bases: Vec<&str> = e.iter().map(|e| e.base.as_str()).collect();
+        assert_eq!(bases, ["http://mirror-b:5000/v2", "https://mirror-a/v2", "https://registry.example:5000/v2"]);
+        assert!(!e[0].resolve && e[0].pull && !e[0].skip_verify);
+        assert!(e[1].resolve && e[1].skip_verify);
+        // No file for this host and no _default: the defaults.
+        let e = Hosts::new(Some(dir.path())).endpoints("127.0.0.1:5000").unwrap();
+        assert_eq!(e[0].base, "http://127.0.0.1:5000/v2");
+        assert_eq!(Hosts::new(None).endpoints("docker.io").unwrap()[0].base, "https://registry-1.docker.io/v2");
+        assert_eq!(Hosts::new(None).endpoints("ghcr.io").unwrap()[0].base, "https://ghcr.io/v2");
+    }
+
+    #[test]
+    fn a_bad_hosts_toml_names_the_file_and_the_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("_default");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("hosts.toml"), "server = \"ftp://x\"\n").unwrap();
+        let e = Hosts::new(Some(dir.path())).endpoints("any.io").unwrap_err().to_string();
+        assert!(e.contains("_default/hosts.toml") && e.contains("http:// or https://"), "{e}");
+    }
+}

@@ -1,0 +1,196 @@
+//! eStargz layers written by stargz-snapshotter's own `ctr-remote`, read by Strata from the
+//! real registry with ranged requests: every entry of the TOC, and every chunk's bytes, equal
+//! what the same blob gives when read whole as an ordinary tar.gz. Needs the registry that
+//! `.ci/run` starts and fills (tests/infra/registry.sh, images.sh).
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use strata_snapshotter::estargz::{self, EntryKind, FormatError, MAX_FOOTER_SIZE, Toc};
+use strata_snapshotter::registry::auth::Credentials;
+use strata_snapshotter::registry::hosts::Hosts;
+use strata_snapshotter::registry::{ImageRef, ManifestLayer, Registry, RegistryError};
+
+const TOC_DIGEST: &str = "containerd.io/snapshot/stargz/toc.digest";
+
+fn registry_host() -> String {
+    std::env::var("STRATA_TEST_REGISTRY").unwrap_or_else(|_| {
+        panic!("STRATA_TEST_REGISTRY is not set: this test needs the registry that `bash .ci/run` starts")
+    })
+}
+
+fn client() -> Registry {
+    Registry::new(Hosts::new(None), Credentials::default())
+}
+
+async fn read_toc(reg: &Registry, image: &ImageRef, layer: &ManifestLayer, digest: &str) -> Result<Toc, FormatError> {
+    let size = reg.blob_size(image, &layer.digest).await.unwrap();
+    assert_eq!(size, layer.size);
+    let tail = reg.blob_range(image, &layer.digest, size - MAX_FOOTER_SIZE..size).await.unwrap();
+    let footer = estargz::parse_footer(&tail, size)?;
+    let member = reg.blob_range(image, &layer.digest, footer.toc_offset..size - footer.len).await.unwrap();
+    estargz::decode_toc(&member, footer.toc_offset, digest, 64 << 20)
+}
+
+/// One entry of a layer read as a plain tar.
+#[derive(Debug, PartialEq)]
+struct Plain {
+    kind: String,
+    mode: u32,
+    uid: u64,
+    gid: u64,
+    mtime: u64,
+    link: String,
+    content: Vec<u8>,
+    xattrs: BTreeMap<String, Vec<u8>>,
+}
+
+fn plain_entries(blob: &[u8]) -> BTreeMap<String, Plain> {
+    let mut out = BTreeMap::new();
+    let mut archive = tar::Archive::new(flate2::read::MultiGzDecoder::new(blob));
+    for e in archive.entries().unwrap() {
+        let mut e = e.unwrap();
+        let raw = e.path().unwrap().to_string_lossy().into_owned();
+        let path = if raw == "." || raw == "./" {
+            String::new()
+        } else {
+            raw.trim_start_matches("./").trim_end_matches('/').to_string()
+        };
+        if path == "stargz.index.json" || path.ends_with("prefetch.landmark") {
+            continue;
+        }
+        let mut xattrs = BTreeMap::new();
+        if let Some(exts) = e.pax_extensions().unwrap() {
+            for ext in exts {
+                let ext = ext.unwrap();
+                if let Some(name) = ext.key().unwrap().strip_prefix("SCHILY.xattr.") {
+                    xattrs.insert(name.to_string(), ext.value_bytes().to_vec());
+                }
+            }
+        }
+        let h = e.header();
+        let kind = match h.entry_type() {
+            tar::EntryType::Directory => "dir",
+            tar::EntryType::Regular => "reg",
+            tar::EntryType::Symlink => "symlink",
+            tar::EntryType::Link => "hardlink",
+            tar::EntryType::Char => "char",
+            tar::EntryType::Block => "block",
+            tar::EntryType::Fifo => "fifo",
+            other => panic!("unexpected tar entry type {other:?} for {path}"),
+        }
+        .to_string();
+        let link = h.link_name().unwrap().map(|l| l.to_string_lossy().into_owned()).unwrap_or_default();
+        let (mode, uid, gid, mtime) =
+            (h.mode().unwrap() & 0o7777, h.uid().unwrap(), h.gid().unwrap(), h.mtime().unwrap());
+        let mut content = Vec::new();
+        e.read_to_end(&mut content).unwrap();
+        out.insert(path, Plain { kind, mode, uid, gid, mtime, link, content, xattrs });
+    }
+    out
+}
+
+#[tokio::test]
+#[ignore = "needs the test registry with ctr-remote's eStargz images: run by .ci/run"]
+async fn ctr_remote_layers_read_lazily_equal_their_plain_tar() {
+    let reg = client();
+    let mut kinds_seen = std::collections::BTreeSet::new();
+    for (tag, layers) in [("busybox:esgz", 2), ("busybox:esgz-64k", 2), ("specials:esgz", 3)] {
+        let image = ImageRef::parse(&format!("{}/strata/{tag}", registry_host())).unwrap();
+        let manifest = reg.manifest(&image).await.unwrap();
+        assert_eq!(manifest.layers.len(), layers, "{manifest:?}");
+        let mut chunks_read = 0;
+        for layer in &manifest.layers {
+            let toc = read_toc(&reg, &image, layer, &layer.annotations[TOC_DIGEST]).await.unwrap();
+            assert_eq!(toc.landmark, estargz::Landmark::NoPrefetch, "ctr-remote convert without a profile");
+            let whole = reg.blob_range(&image, &layer.digest, 0..layer.size).await.unwrap();
+            assert_eq!(estargz::sha256_digest(&whole), layer.digest);
+            let mut plain = plain_entries(&whole);
+            for entry in &toc.entries {
+                if entry.implicit {
+                    // A parent the tar leaves out; the reader makes it up, and says so.
+                    assert!(!plain.contains_key(&entry.path), "{tag}: {} is in the tar", entry.path);
+                    assert_eq!(entry.kind, EntryKind::Dir);
+                    continue;
+                }
+                let p = plain
+                    .remove(&entry.path)
+                    .unwrap_or_else(|| panic!("{tag}: {} is in the TOC, not in the tar", entry.path));
+                let (kind, link) = match &entry.kind {
+                    EntryKind::Dir => ("dir", String::new()),
+                    EntryKind::Reg => ("reg", String::new()),
+                    EntryKind::Symlink(t) => ("symlink", t.clone()),
+                    EntryKind::Hardlink(t) => ("hardlink", t.clone()),
+                    EntryKind::Char { .. } => ("char", String::new()),
+                    EntryKind::Block { .. } => ("block", String::new()),
+                    EntryKind::Fifo => ("fifo", String::new()),
+                };
+                let mut content = Vec::new();
+                for c in &entry.chunks {
+                    let range = reg.blob_range(&image, &layer.digest, c.offset..c.compressed_end).await.unwrap();
+                    content.extend(estargz::decode_chunk(&entry.path, c, &range).unwrap());
+                    chunks_read += 1;
+                }
+                let ours = Plain {
+                    kind: kind.into(),
+                    mode: entry.mode,
+                    uid: entry.uid.into(),
+                    gid: entry.gid.into(),
+                    mtime: entry.mtime as u64,
+                    link,
+                    content,
+                    xattrs: entry.xattrs.clone(),
+                };
+                assert_eq!(ours, p, "{tag}: {}", entry.path);
+                kinds_seen.insert(kind);
+                if !entry.xattrs.is_empty() {
+                    kinds_seen.insert("xattr");
+                }
+                if entry.mode & 0o4000 != 0 {
+                    kinds_seen.insert("setuid");
+                }
+                if let Some(d) = &entry.digest {
+                    assert_eq!(&estargz::sha256_digest(&ours.content), d);
+                }
+            }
+            assert!(plain.is_empty(), "{tag}: in the tar but not in the TOC: {:?}", plain.keys().collect::<Vec<_>>());
+        }
+        let busybox_len = std::fs::metadata("/bin/busybox").unwrap().len();
+        if tag == "busybox:esgz-64k" {
+            assert!(chunks_read as u64 > busybox_len / 65536, "busybox spans many 64 KiB chunks ({chunks_read} read)");
+        }
+    }
+    let all: std::collections::BTreeSet<&str> =
+        ["dir", "reg", "symlink", "hardlink", "char", "fifo", "xattr", "setuid"].into_iter().collect();
+    assert_eq!(kinds_seen, all, "the images cover every kind of entry");
+}
+
+#[tokio::test]
+#[ignore = "needs the test registry with ctr-remote's eStargz images: run by .ci/run"]
+async fn a_layer_whose_toc_does_not_match_its_annotation_is_refused() {
+    let reg = client();
+    let image = ImageRef::parse(&format!("{}/strata/busybox:esgz", registry_host())).unwrap();
+    let manifest = reg.manifest(&image).await.unwrap();
+    let (a, b) = (&manifest.layers[0], &manifest.layers[1]);
+    // The other layer's TOC digest: a registry serving a different TOC looks like this.
+    let e = read_toc(&reg, &image, a, &b.annotations[TOC_DIGEST]).await.unwrap_err();
+    assert!(matches!(e, FormatError::TocDigest { .. }), "{e}");
+    assert!(e.to_string().contains(&b.annotations[TOC_DIGEST]), "{e}");
+}
+
+#[tokio::test]
+#[ignore = "needs the test registry: run by .ci/run"]
+async fn registry_errors_name_what_failed() {
+    let reg = client();
+    let image = ImageRef::parse(&format!("{}/strata/busybox:no-such-tag", registry_host())).unwrap();
+    let e = reg.manifest(&image).await.unwrap_err();
+    assert!(matches!(e, RegistryError::Status { status: 404, .. }), "{e}");
+    assert!(e.to_string().contains("/v2/strata/busybox/manifests/no-such-tag"), "{e}");
+    let image = ImageRef::parse(&format!("{}/strata/busybox:esgz", registry_host())).unwrap();
+    let layer = reg.manifest(&image).await.unwrap().layers[0].clone();
+    let e = reg.blob_range(&image, &layer.digest, layer.size - 10..layer.size + 10).await.unwrap_err();
+    assert!(e.to_string().contains("416") || e.to_string().contains("bytes"), "a range past the end: {e}");
+    // Nobody listens on port 9 of loopback.
+    let gone = ImageRef::parse("127.0.0.1:9/strata/busybox:esgz").unwrap();
+    let e = reg.manifest(&gone).await.unwrap_err();
+    assert!(e.to_string().contains("127.0.0.1:9"), "{e}");
+}
