@@ -362,13 +362,21 @@ fn fuse_root_rgw_sigkill_mid_upload_leaves_no_torn_object() {
     let blocks = 40; // 320 MiB: a multipart upload of 40 parts, slow enough to interrupt
     let target = m.path("big.bin");
     let writer = std::thread::spawn(move || {
+        use std::io::{Seek, SeekFrom};
         let mut f = std::fs::File::create(&target).unwrap();
-        for i in 0..blocks {
+        // The first part goes up as soon as it is written; writing it again gives that
+        // upload-while-writing up, so the whole file goes up at fsync, after its manifest is
+        // marked complete: the window this test kills in. (A streamed file is complete only
+        // for the moment its last part takes.)
+        f.write_all(&block(0)).unwrap();
+        f.seek(SeekFrom::Start(0)).unwrap();
+        f.write_all(&block(0)).unwrap();
+        for i in 1..blocks {
             f.write_all(&block(i)).unwrap();
         }
         let _ = f.sync_all();
     });
-    // The manifest turns complete right before the upload starts.
+    // The manifest turns complete right before the whole-file upload starts.
     let staging = state_path.join("state/staging");
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {

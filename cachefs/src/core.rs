@@ -61,6 +61,8 @@ pub struct Attr {
     pub kind: NodeKind,
     pub size: u64,
     pub mtime: SystemTime,
+    /// Owner and mode from the namespace, when it has them.
+    pub posix: Option<crate::namespace::Posix>,
 }
 
 #[derive(Debug, Clone)]
@@ -73,7 +75,33 @@ struct Inode {
 struct Inodes {
     by_ino: HashMap<u64, Inode>,
     by_path: HashMap<String, u64>,
+    /// The inode of each hard-link group: every name of one file has its inode.
+    by_link: HashMap<u64, u64>,
     next: u64,
+}
+
+impl Inodes {
+    /// The inode of `path` (stable for the life of the mount), now showing `node`. The first
+    /// name of a hard-link group stays the inode's path.
+    fn assign(&mut self, path: &str, node: Node) -> u64 {
+        let link = node.posix.and_then(|p| p.link);
+        let known = self.by_path.get(path).copied().or_else(|| link.and_then(|l| self.by_link.get(&l).copied()));
+        let ino = known.unwrap_or_else(|| {
+            self.next += 1;
+            self.next - 1
+        });
+        self.by_path.insert(path.to_string(), ino);
+        if let Some(l) = link {
+            self.by_link.insert(l, ino);
+        }
+        match self.by_ino.get_mut(&ino) {
+            Some(i) if i.path != path && link.is_some() => i.node = Node { name: i.node.name.clone(), ..node },
+            _ => {
+                self.by_ino.insert(ino, Inode { path: path.to_string(), node });
+            }
+        }
+        ino
+    }
 }
 
 /// A listing and when it was taken.
@@ -182,13 +210,14 @@ fn join(dir: &str, name: &str) -> String {
 
 impl FsCore {
     pub fn new(ns: Arc<dyn Namespace>, cache: TieredCache, opts: FsOptions) -> FsCore {
-        let root = Node {
+        let root = ns.root().unwrap_or(Node {
             name: String::new(),
             kind: NodeKind::Dir,
             size: 0,
             version: String::new(),
             mtime: SystemTime::UNIX_EPOCH,
-        };
+            posix: None,
+        });
         let mut inodes = Inodes { next: ROOT + 1, ..Default::default() };
         inodes.by_ino.insert(ROOT, Inode { path: String::new(), node: root });
         inodes.by_path.insert(String::new(), ROOT);
@@ -295,7 +324,22 @@ impl FsCore {
     }
 
     fn attr(ino: u64, node: &Node) -> Attr {
-        Attr { ino, kind: node.kind, size: node.size, mtime: node.mtime }
+        Attr { ino, kind: node.kind, size: node.size, mtime: node.mtime, posix: node.posix }
+    }
+
+    /// The target of a symlink.
+    pub async fn readlink(&self, ino: u64) -> Result<String, FsError> {
+        let i = self.inode(ino)?;
+        if i.node.kind != NodeKind::Symlink {
+            return Err(FsError::NotSupported("not a symlink"));
+        }
+        self.ns.read_link(&i.path).await.map_err(|source| FsError::Namespace { what: "readlink", path: i.path, source })
+    }
+
+    /// The extended attributes of an inode.
+    pub async fn xattrs(&self, ino: u64) -> Result<std::collections::BTreeMap<String, Vec<u8>>, FsError> {
+        let i = self.inode(ino)?;
+        self.ns.xattrs(&i.path).await.map_err(|source| FsError::Namespace { what: "getxattr", path: i.path, source })
     }
 
     /// The entries of a directory, listed at most once per TTL. Inode numbers are stable for a
@@ -327,17 +371,7 @@ impl FsCore {
             nodes
                 .into_iter()
                 .map(|node| {
-                    let path = join(&dir.path, &node.name);
-                    let ino = match t.by_path.get(&path) {
-                        Some(i) => *i,
-                        None => {
-                            let i = t.next;
-                            t.next += 1;
-                            t.by_path.insert(path.clone(), i);
-                            i
-                        }
-                    };
-                    t.by_ino.insert(ino, Inode { path, node: node.clone() });
+                    let ino = t.assign(&join(&dir.path, &node.name), node.clone());
                     (ino, node)
                 })
                 .collect()
@@ -449,8 +483,11 @@ impl FsCore {
     /// part of an object.
     pub fn open(&self, ino: u64, write: bool, truncate: bool) -> Result<u64, FsError> {
         let i = self.inode(ino)?;
-        if i.node.kind == NodeKind::Dir {
-            return Err(FsError::IsDir);
+        match i.node.kind {
+            NodeKind::File => {}
+            NodeKind::Dir => return Err(FsError::IsDir),
+            // Devices and fifos are opened by the kernel itself; a symlink is followed first.
+            _ => return Err(FsError::NotSupported("only regular files open through the mount")),
         }
         let existing = self.writers.lock().unwrap_or_else(|p| p.into_inner()).get(&ino).cloned();
         let (staged, in_place) = match (write, existing) {
@@ -528,7 +565,8 @@ impl FsCore {
         let staged = Arc::new(tokio::sync::Mutex::new(staged));
         self.writers.lock().unwrap_or_else(|p| p.into_inner()).insert(ino, staged.clone());
         let name = path.rsplit('/').next().unwrap_or(path).to_string();
-        let node = Node { name, kind: NodeKind::File, size: 0, version: String::new(), mtime: SystemTime::now() };
+        let node =
+            Node { name, kind: NodeKind::File, size: 0, version: String::new(), mtime: SystemTime::now(), posix: None };
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(path.to_string(), node.clone());
         self.set_node(ino, path, node);
         Ok(staged)
@@ -541,18 +579,7 @@ impl FsCore {
     }
 
     fn ino_for(&self, path: &str, node: Node) -> u64 {
-        let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
-        let ino = match t.by_path.get(path) {
-            Some(i) => *i,
-            None => {
-                let i = t.next;
-                t.next += 1;
-                t.by_path.insert(path.to_string(), i);
-                i
-            }
-        };
-        t.by_ino.insert(ino, Inode { path: path.to_string(), node });
-        ino
+        self.inodes.write().unwrap_or_else(|p| p.into_inner()).assign(path, node)
     }
 
     fn forget_listing(&self, ino: u64) {
@@ -577,6 +604,7 @@ impl FsCore {
             size: 0,
             version: String::new(),
             mtime: SystemTime::now(),
+            posix: None,
         };
         let ino = self.ino_for(&path, node.clone());
         let staged = self.start_staging(ino, &path)?;
@@ -778,6 +806,7 @@ impl FsCore {
             size: 0,
             version: String::new(),
             mtime: SystemTime::now(),
+            posix: None,
         };
         // S3 has no directories: this one lives here until files are written under it.
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(path.clone(), node.clone());

@@ -110,6 +110,7 @@ pub async fn mount_dataset(
         threads: spec.threads,
         allow_other: spec.allow_other,
         read_ahead_kb: 4096,
+        dev_suid: false,
     };
     let path = spec.path.clone();
     let rt = tokio::runtime::Handle::current();
@@ -120,4 +121,22 @@ pub async fn mount_dataset(
         warn!(mountpoint = %spec.path.display(), "staged file from a previous run: {l}");
     }
     Ok(Mounted { session, path: spec.path.clone(), leftovers })
+}
+
+/// Mounts any namespace at `path` with the given core and mount settings, as the snapshotter
+/// does for image layers.
+pub async fn mount_namespace(
+    ns: Arc<dyn crate::namespace::Namespace>,
+    cache: TieredCache,
+    path: &std::path::Path,
+    fs: FsOptions,
+    opts: MountOptions,
+) -> Result<Mounted, MountError> {
+    let core = Arc::new(FsCore::new(ns, cache, fs));
+    let rt = tokio::runtime::Handle::current();
+    let p = path.to_owned();
+    let session = tokio::task::spawn_blocking(move || crate::mount::mount(core, &p, rt, &opts))
+        .await
+        .map_err(|e| MountError::Source { path: path.display().to_string(), message: e.to_string() })??;
+    Ok(Mounted { session, path: path.to_owned(), leftovers: Vec::new() })
 }

@@ -7,7 +7,7 @@ use crate::passthrough::{IoModes, Mode};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
     OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite,
-    Request, WriteFlags,
+    ReplyXattr, Request, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::sync::Arc;
@@ -361,6 +361,56 @@ impl Filesystem for StrataFs {
         });
     }
 
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let core = self.core.clone();
+        self.rt.spawn(
+            async move {
+                match core.readlink(ino.0).await {
+                    Ok(target) => reply.data(target.as_bytes()),
+                    Err(e) => reply.error(errno("readlink", &e)),
+                }
+            }
+            .instrument(info_span!("fuse", op = "readlink")),
+        );
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let core = self.core.clone();
+        let name = name.to_string_lossy().into_owned();
+        self.rt.spawn(
+            async move {
+                match core.xattrs(ino.0).await {
+                    Ok(x) => match x.get(&name) {
+                        Some(v) => reply_sized(reply, v, size),
+                        None => reply.error(Errno::NO_XATTR),
+                    },
+                    Err(e) => reply.error(errno("getxattr", &e)),
+                }
+            }
+            .instrument(info_span!("fuse", op = "getxattr")),
+        );
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let core = self.core.clone();
+        self.rt.spawn(
+            async move {
+                match core.xattrs(ino.0).await {
+                    Ok(x) => {
+                        let mut names = Vec::new();
+                        for k in x.keys() {
+                            names.extend_from_slice(k.as_bytes());
+                            names.push(0);
+                        }
+                        reply_sized(reply, &names, size)
+                    }
+                    Err(e) => reply.error(errno("listxattr", &e)),
+                }
+            }
+            .instrument(info_span!("fuse", op = "listxattr")),
+        );
+    }
+
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.core.getattr(ino.0) {
             Ok(a) if a.kind == NodeKind::Dir => reply.opened(FileHandle(0), FopenFlags::empty()),
@@ -376,7 +426,7 @@ impl Filesystem for StrataFs {
                 match core.readdir(ino.0).await {
                     Ok(entries) => {
                         for (i, (child, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
-                            let kind = if *kind == NodeKind::Dir { FileType::Directory } else { FileType::RegularFile };
+                            let kind = file_type(*kind);
                             let child = if name == ".." { ROOT.max(*child) } else { *child };
                             if reply.add(INodeNo(child), (i + 1) as u64, kind, name) {
                                 break;
@@ -413,13 +463,40 @@ impl StrataFs {
     }
 }
 
+/// An xattr reply: the size when asked for it (`size` 0), the bytes if they fit, else ERANGE.
+fn reply_sized(reply: ReplyXattr, value: &[u8], size: u32) {
+    if size == 0 {
+        reply.size(value.len() as u32);
+    } else if value.len() <= size as usize {
+        reply.data(value);
+    } else {
+        reply.error(Errno::ERANGE);
+    }
+}
+
+fn file_type(k: NodeKind) -> FileType {
+    match k {
+        NodeKind::File => FileType::RegularFile,
+        NodeKind::Dir => FileType::Directory,
+        NodeKind::Symlink => FileType::Symlink,
+        NodeKind::CharDev => FileType::CharDevice,
+        NodeKind::BlockDev => FileType::BlockDevice,
+        NodeKind::Fifo => FileType::NamedPipe,
+    }
+}
+
 fn file_attr(a: &Attr, uid: u32, gid: u32, writable: bool) -> FileAttr {
-    let (kind, perm, nlink) = match (a.kind, writable) {
-        (NodeKind::Dir, true) => (FileType::Directory, 0o755, 2),
-        (NodeKind::Dir, false) => (FileType::Directory, 0o555, 2),
-        (NodeKind::File, true) => (FileType::RegularFile, 0o644, 1),
-        (NodeKind::File, false) => (FileType::RegularFile, 0o444, 1),
+    let (mut perm, mut nlink, mut uid, mut gid, mut rdev) = match (a.kind, writable) {
+        (NodeKind::Dir, true) => (0o755, 2, uid, gid, 0),
+        (NodeKind::Dir, false) => (0o555, 2, uid, gid, 0),
+        (_, true) => (0o644, 1, uid, gid, 0),
+        (_, false) => (0o444, 1, uid, gid, 0),
     };
+    // A namespace that knows ownership and modes (an image layer) shows them as they are.
+    if let Some(p) = a.posix {
+        (perm, nlink, uid, gid, rdev) = (p.mode & 0o7777, p.nlink, p.uid, p.gid, p.rdev);
+    }
+    let kind = file_type(a.kind);
     FileAttr {
         ino: INodeNo(a.ino),
         size: a.size,
@@ -429,11 +506,11 @@ fn file_attr(a: &Attr, uid: u32, gid: u32, writable: bool) -> FileAttr {
         ctime: a.mtime,
         crtime: a.mtime,
         kind,
-        perm,
+        perm: perm as u16,
         nlink,
         uid,
         gid,
-        rdev: 0,
+        rdev,
         flags: 0,
         blksize: 1 << 20,
     }

@@ -20,7 +20,7 @@ mod streaming;
 mod window;
 
 pub use crate::core::{FsCore, FsError, FsOptions};
-pub use crate::dataset::{DatasetMount, Mounted, mount_dataset};
+pub use crate::dataset::{DatasetMount, Mounted, mount_dataset, mount_namespace};
 pub use crate::mount::{MountError, MountOptions, mount, unmount};
 pub use crate::namespace::{Namespace, Node, NodeKind, NsError};
 pub use crate::objects::ObjectNamespace;

@@ -28,6 +28,9 @@ pub struct MountOptions {
     pub allow_other: bool,
     /// Kernel read-ahead for the mount, in KiB.
     pub read_ahead_kb: u32,
+    /// Honour device nodes and setuid bits, as an image layer under an overlay must; a
+    /// dataset mount turns both off.
+    pub dev_suid: bool,
 }
 
 /// Mounts `core` at `mountpoint`; the mount lives as long as the returned session. A crashed
@@ -49,10 +52,11 @@ pub fn mount(
         // fusermount3 splits options on commas, so none may appear in the name.
         MountOption::FSName(format!("strata:{}", core.describe()).replace(',', ";")),
         MountOption::Subtype("strata".into()),
-        MountOption::NoDev,
-        MountOption::NoSuid,
         MountOption::AutoUnmount,
     ];
+    if !opts.dev_suid {
+        config.mount_options.extend([MountOption::NoDev, MountOption::NoSuid]);
+    }
     if opts.allow_other {
         config.mount_options.push(MountOption::DefaultPermissions);
         config.acl = SessionACL::All;

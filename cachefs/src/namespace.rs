@@ -13,6 +13,25 @@ use strata_tiering::{ChunkKey, Fetcher};
 pub enum NodeKind {
     File,
     Dir,
+    Symlink,
+    CharDev,
+    BlockDev,
+    Fifo,
+}
+
+/// Ownership and permissions a namespace knows (an image layer does; an object store does
+/// not, and its files get the mount's owner and default modes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Posix {
+    /// Permission bits with setuid, setgid and sticky.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    /// Device number of a character or block device, as the kernel encodes it.
+    pub rdev: u32,
+    /// Entries with the same link id are hard links of one file, shown as one inode.
+    pub link: Option<u64>,
 }
 
 /// One entry of a directory.
@@ -24,6 +43,7 @@ pub struct Node {
     /// What identifies this content (an ETag); empty for directories.
     pub version: String,
     pub mtime: SystemTime,
+    pub posix: Option<Posix>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -32,11 +52,18 @@ pub enum NsError {
     Source(#[from] SourceError),
     #[error("{0} is read-only")]
     ReadOnly(String),
+    #[error("{0}")]
+    Other(String),
 }
 
 pub trait Namespace: Send + Sync + 'static {
     /// Where the files come from, for messages.
     fn describe(&self) -> String;
+
+    /// The root directory's own entry, when the namespace knows its owner and mode.
+    fn root(&self) -> Option<Node> {
+        None
+    }
 
     /// The entries of the directory at `dir` (relative, "" for the root).
     fn read_dir(&self, dir: &str) -> BoxFuture<'static, Result<Vec<Node>, NsError>>;
@@ -47,6 +74,17 @@ pub trait Namespace: Send + Sync + 'static {
         let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
         let (listing, name) = (self.read_dir(dir), name.to_string());
         Box::pin(async move { Ok(listing.await?.into_iter().find(|n| n.name == name)) })
+    }
+
+    /// The target of the symlink at `path`.
+    fn read_link(&self, path: &str) -> BoxFuture<'static, Result<String, NsError>> {
+        let e = NsError::Other(format!("{path} is not a symlink"));
+        Box::pin(async move { Err(e) })
+    }
+
+    /// The extended attributes of the entry at `path`.
+    fn xattrs(&self, _path: &str) -> BoxFuture<'static, Result<std::collections::BTreeMap<String, Vec<u8>>, NsError>> {
+        Box::pin(async { Ok(Default::default()) })
     }
 
     /// Bytes per chunk of a file's data.

@@ -58,7 +58,7 @@ impl ObjectNamespace {
 
     fn node(o: ObjectInfo) -> Node {
         let name = o.path.rsplit('/').next().unwrap_or(&o.path).to_string();
-        Node { name, kind: NodeKind::File, size: o.size, version: o.version, mtime: o.modified }
+        Node { name, kind: NodeKind::File, size: o.size, version: o.version, mtime: o.modified, posix: None }
     }
 
     fn info(&self, path: &str, node: &Node) -> ObjectInfo {
@@ -88,6 +88,7 @@ impl Namespace for ObjectNamespace {
                     size: 0,
                     version: String::new(),
                     mtime: SystemTime::UNIX_EPOCH,
+                    posix: None,
                 })
                 .collect();
             for o in objects {
@@ -96,7 +97,14 @@ impl Namespace for ObjectNamespace {
                 if name.is_empty() {
                     continue;
                 }
-                out.push(Node { name, kind: NodeKind::File, size: o.size, version: o.version, mtime: o.modified });
+                out.push(Node {
+                    name,
+                    kind: NodeKind::File,
+                    size: o.size,
+                    version: o.version,
+                    mtime: o.modified,
+                    posix: None,
+                });
             }
             Ok(out)
         }
@@ -120,6 +128,7 @@ impl Namespace for ObjectNamespace {
                 size: 0,
                 version: String::new(),
                 mtime: SystemTime::UNIX_EPOCH,
+                posix: None,
             });
             Ok(dir)
         }

@@ -122,6 +122,7 @@ pub fn tree(entries: &[Entry]) -> std::collections::HashMap<String, Vec<Node>> {
             size: *size,
             version: version.clone(),
             mtime,
+            posix: None,
         });
         // Every ancestor is a directory of its own parent.
         let mut d = parent;
@@ -134,6 +135,7 @@ pub fn tree(entries: &[Entry]) -> std::collections::HashMap<String, Vec<Node>> {
                 size: 0,
                 version: String::new(),
                 mtime: UNIX_EPOCH,
+                posix: None,
             });
             d = up;
         }

@@ -6,10 +6,12 @@
 pub mod error;
 pub mod estargz;
 pub mod filter;
+pub mod layer;
 pub mod model;
 pub mod overlay;
 pub mod proto;
 pub mod registry;
+pub mod remote;
 pub mod server;
 pub mod service;
 pub mod store;

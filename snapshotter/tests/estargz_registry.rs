@@ -3,24 +3,13 @@
 //! what the same blob gives when read whole as an ordinary tar.gz. Needs the registry that
 //! `.ci/run` starts and fills (tests/infra/registry.sh, images.sh).
 
-use std::collections::BTreeMap;
-use std::io::Read;
+mod common;
+
+use common::{Plain, client, plain_entries, registry_host};
 use strata_snapshotter::estargz::{self, EntryKind, FormatError, MAX_FOOTER_SIZE, Toc};
-use strata_snapshotter::registry::auth::Credentials;
-use strata_snapshotter::registry::hosts::Hosts;
 use strata_snapshotter::registry::{ImageRef, ManifestLayer, Registry, RegistryError};
 
 const TOC_DIGEST: &str = "containerd.io/snapshot/stargz/toc.digest";
-
-fn registry_host() -> String {
-    std::env::var("STRATA_TEST_REGISTRY").unwrap_or_else(|_| {
-        panic!("STRATA_TEST_REGISTRY is not set: this test needs the registry that `bash .ci/run` starts")
-    })
-}
-
-fn client() -> Registry {
-    Registry::new(Hosts::new(None), Credentials::default())
-}
 
 async fn read_toc(reg: &Registry, image: &ImageRef, layer: &ManifestLayer, digest: &str) -> Result<Toc, FormatError> {
     let size = reg.blob_size(image, &layer.digest).await.unwrap();
@@ -29,64 +18,6 @@ async fn read_toc(reg: &Registry, image: &ImageRef, layer: &ManifestLayer, diges
     let footer = estargz::parse_footer(&tail, size)?;
     let member = reg.blob_range(image, &layer.digest, footer.toc_offset..size - footer.len).await.unwrap();
     estargz::decode_toc(&member, footer.toc_offset, digest, 64 << 20)
-}
-
-/// One entry of a layer read as a plain tar.
-#[derive(Debug, PartialEq)]
-struct Plain {
-    kind: String,
-    mode: u32,
-    uid: u64,
-    gid: u64,
-    mtime: u64,
-    link: String,
-    content: Vec<u8>,
-    xattrs: BTreeMap<String, Vec<u8>>,
-}
-
-fn plain_entries(blob: &[u8]) -> BTreeMap<String, Plain> {
-    let mut out = BTreeMap::new();
-    let mut archive = tar::Archive::new(flate2::read::MultiGzDecoder::new(blob));
-    for e in archive.entries().unwrap() {
-        let mut e = e.unwrap();
-        let raw = e.path().unwrap().to_string_lossy().into_owned();
-        let path = if raw == "." || raw == "./" {
-            String::new()
-        } else {
-            raw.trim_start_matches("./").trim_end_matches('/').to_string()
-        };
-        if path == "stargz.index.json" || path.ends_with("prefetch.landmark") {
-            continue;
-        }
-        let mut xattrs = BTreeMap::new();
-        if let Some(exts) = e.pax_extensions().unwrap() {
-            for ext in exts {
-                let ext = ext.unwrap();
-                if let Some(name) = ext.key().unwrap().strip_prefix("SCHILY.xattr.") {
-                    xattrs.insert(name.to_string(), ext.value_bytes().to_vec());
-                }
-            }
-        }
-        let h = e.header();
-        let kind = match h.entry_type() {
-            tar::EntryType::Directory => "dir",
-            tar::EntryType::Regular => "reg",
-            tar::EntryType::Symlink => "symlink",
-            tar::EntryType::Link => "hardlink",
-            tar::EntryType::Char => "char",
-            tar::EntryType::Block => "block",
-            tar::EntryType::Fifo => "fifo",
-            other => panic!("unexpected tar entry type {other:?} for {path}"),
-        }
-        .to_string();
-        let link = h.link_name().unwrap().map(|l| l.to_string_lossy().into_owned()).unwrap_or_default();
-        let (mode, uid, gid, mtime) =
-            (h.mode().unwrap() & 0o7777, h.uid().unwrap(), h.gid().unwrap(), h.mtime().unwrap());
-        let mut content = Vec::new();
-        e.read_to_end(&mut content).unwrap();
-        out.insert(path, Plain { kind, mode, uid, gid, mtime, link, content, xattrs });
-    }
-    out
 }
 
 #[tokio::test]

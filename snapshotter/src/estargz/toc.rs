@@ -356,7 +356,10 @@ impl Builder {
             match self.by_path.get(target).map(|&i| &self.entries[i].kind) {
                 Some(EntryKind::Reg) => {}
                 Some(_) => {
-                    return Err(entry_err(&entry.path, format!("hard link to {target:?}, which is not a regular file")));
+                    return Err(entry_err(
+                        &entry.path,
+                        format!("hard link to {target:?}, which is not a regular file"),
+                    ));
                 }
                 None => {
                     return Err(entry_err(

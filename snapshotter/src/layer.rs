@@ -1,0 +1,330 @@
+//! An eStargz layer as a cachefs [`Namespace`]: the tree comes from the verified TOC, and each
+//! chunk from a ranged read of the registry blob, decompressed and checked against its
+//! `chunkDigest` before the cache sees it. Chunks are keyed by digest, so a chunk shared by
+//! several layers or images is fetched and stored once.
+//!
+//! The tree is shown as containerd's overlay unpack leaves a layer: `.wh.NAME` becomes a 0/0
+//! character device NAME, `.wh..wh..opq` becomes `trusted.overlay.opaque=y` on its directory,
+//! and the names of one hard-link group share an inode.
+
+use crate::estargz::{self, Chunk, EntryKind, Toc};
+use crate::registry::{ImageRef, Registry};
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+use strata_cachefs::namespace::Posix;
+use strata_cachefs::{Namespace, Node, NodeKind, NsError};
+use strata_tiering::key::Identity;
+use strata_tiering::{ChunkKey, FetchError, Fetcher};
+
+const WHITEOUT: &str = ".wh.";
+const OPAQUE: &str = ".wh..wh..opq";
+pub const OPAQUE_XATTR: &str = "trusted.overlay.opaque";
+
+#[derive(Debug, thiserror::Error)]
+pub enum LayerError {
+    #[error(
+        "layer {layer}: chunks are not all {chunk_size} bytes ({path:?} has one of {size}), so it cannot be read lazily"
+    )]
+    UnevenChunks { layer: String, chunk_size: u64, path: String, size: u64 },
+    #[error("layer {layer}: {path:?}: {reason}")]
+    Tree { layer: String, path: String, reason: String },
+}
+
+/// The registry blob a layer's chunks come from, and how much of it has been read.
+#[derive(Debug)]
+pub struct Blob {
+    pub registry: Arc<Registry>,
+    pub image: ImageRef,
+    pub digest: String,
+    /// Compressed bytes fetched for chunks so far.
+    pub fetched: AtomicU64,
+}
+
+/// A regular file's chunks, and where each chunk digest sits among them.
+#[derive(Debug)]
+struct FileData {
+    path: String,
+    chunks: Vec<Chunk>,
+    by_digest: HashMap<String, usize>,
+}
+
+#[derive(Debug)]
+struct Tree {
+    describe: String,
+    root: Node,
+    dirs: HashMap<String, Vec<Node>>,
+    files: HashMap<String, Arc<FileData>>,
+    links: HashMap<String, String>,
+    xattrs: HashMap<String, BTreeMap<String, Vec<u8>>>,
+    chunk_size: u64,
+}
+
+/// The namespace of one mounted layer. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct LayerNamespace {
+    tree: Arc<Tree>,
+    blob: Arc<Blob>,
+}
+
+/// The kernel's encoding of a device number (`new_encode_dev`).
+fn encode_dev(major: u32, minor: u32) -> u32 {
+    (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)
+}
+
+fn parent_and_name(path: &str) -> (&str, &str) {
+    path.rsplit_once('/').unwrap_or(("", path))
+}
+
+impl LayerNamespace {
+    pub fn new(toc: &Toc, blob: Arc<Blob>) -> Result<LayerNamespace, LayerError> {
+        let describe = format!("{}@{}", blob.image, blob.digest);
+        let chunk_size = uniform_chunk_size(toc, &describe)?;
+        let by_path: HashMap<&str, &estargz::Entry> = toc.entries.iter().map(|e| (e.path.as_str(), e)).collect();
+        // Hard-link groups: a regular file and every link to it share the link id.
+        let mut names_of: HashMap<&str, u32> = HashMap::new();
+        for e in &toc.entries {
+            if let EntryKind::Hardlink(target) = &e.kind {
+                *names_of.entry(target.as_str()).or_insert(1) += 1;
+            }
+        }
+        let link_id = |target: &str| toc.entries.iter().position(|e| e.path == target).map(|i| i as u64);
+        let mut subdirs: HashMap<&str, u32> = HashMap::new();
+        for e in toc.entries.iter().filter(|e| e.kind == EntryKind::Dir && !e.path.is_empty()) {
+            *subdirs.entry(parent_and_name(&e.path).0).or_default() += 1;
+        }
+        let mtime = |s: i64| {
+            if s >= 0 {
+                SystemTime::UNIX_EPOCH + Duration::from_secs(s as u64)
+            } else {
+                SystemTime::UNIX_EPOCH - Duration::from_secs(s.unsigned_abs())
+            }
+        };
+        let mut tree = Tree {
+            describe: describe.clone(),
+            root: Node {
+                name: String::new(),
+                kind: NodeKind::Dir,
+                size: 0,
+                version: String::new(),
+                mtime: SystemTime::UNIX_EPOCH,
+                posix: None,
+            },
+            dirs: HashMap::new(),
+            files: HashMap::new(),
+            links: HashMap::new(),
+            xattrs: HashMap::new(),
+            chunk_size,
+        };
+        for e in &toc.entries {
+            let (parent, name) = parent_and_name(&e.path);
+            if name == OPAQUE {
+                tree.xattrs.entry(parent.to_owned()).or_default().insert(OPAQUE_XATTR.into(), b"y".to_vec());
+                continue;
+            }
+            if let Some(hidden) = name.strip_prefix(WHITEOUT) {
+                if hidden.is_empty() || hidden.starts_with(WHITEOUT) {
+                    return Err(LayerError::Tree {
+                        layer: describe,
+                        path: e.path.clone(),
+                        reason: "a whiteout without a name".into(),
+                    });
+                }
+                let posix = Posix { mode: 0, uid: e.uid, gid: e.gid, nlink: 1, rdev: 0, link: None };
+                let node = Node {
+                    name: hidden.to_owned(),
+                    kind: NodeKind::CharDev,
+                    size: 0,
+                    version: String::new(),
+                    mtime: mtime(e.mtime),
+                    posix: Some(posix),
+                };
+                tree.dirs.entry(parent.to_owned()).or_default().push(node);
+                continue;
+            }
+            // A hard link is its target's inode under another name.
+            let (meta, link) = match &e.kind {
+                EntryKind::Hardlink(target) => (by_path[target.as_str()], link_id(target)),
+                EntryKind::Reg if names_of.contains_key(e.path.as_str()) => (e, link_id(&e.path)),
+                _ => (e, None),
+            };
+            let (kind, rdev, size) = match &meta.kind {
+                EntryKind::Dir => (NodeKind::Dir, 0, 0),
+                EntryKind::Reg | EntryKind::Hardlink(_) => (NodeKind::File, 0, meta.size),
+                EntryKind::Symlink(t) => (NodeKind::Symlink, 0, t.len() as u64),
+                EntryKind::Char { major, minor } => (NodeKind::CharDev, encode_dev(*major, *minor), 0),
+                EntryKind::Block { major, minor } => (NodeKind::BlockDev, encode_dev(*major, *minor), 0),
+                EntryKind::Fifo => (NodeKind::Fifo, 0, 0),
+            };
+            let nlink = match kind {
+                NodeKind::Dir => 2 + subdirs.get(e.path.as_str()).copied().unwrap_or(0),
+                NodeKind::File => names_of.get(meta.path.as_str()).copied().unwrap_or(1),
+                _ => 1,
+            };
+            let node = Node {
+                name: name.to_owned(),
+                kind,
+                size,
+                version: meta.digest.clone().unwrap_or_default(),
+                mtime: mtime(meta.mtime),
+                posix: Some(Posix { mode: meta.mode, uid: meta.uid, gid: meta.gid, nlink, rdev, link }),
+            };
+            if let EntryKind::Symlink(t) = &meta.kind {
+                tree.links.insert(e.path.clone(), t.clone());
+            }
+            if !meta.xattrs.is_empty() {
+                tree.xattrs.entry(e.path.clone()).or_default().extend(meta.xattrs.clone());
+            }
+            if kind == NodeKind::File {
+                let by_digest = meta.chunks.iter().enumerate().map(|(i, c)| (c.digest.clone(), i)).collect();
+                let data = FileData { path: meta.path.clone(), chunks: meta.chunks.clone(), by_digest };
+                tree.files.insert(e.path.clone(), Arc::new(data));
+            }
+            if e.path.is_empty() {
+                tree.root = node;
+            } else {
+                if kind == NodeKind::Dir {
+                    tree.dirs.entry(e.path.clone()).or_default();
+                }
+                tree.dirs.entry(parent.to_owned()).or_default().push(node);
+            }
+        }
+        Ok(LayerNamespace { tree: Arc::new(tree), blob })
+    }
+
+    pub fn blob(&self) -> &Arc<Blob> {
+        &self.blob
+    }
+
+    /// Every regular file's path with its chunk keys, for prefetch and background fetch.
+    pub fn all_chunks(&self) -> Vec<(String, ChunkKey)> {
+        let mut out: Vec<(String, ChunkKey)> = Vec::new();
+        for (path, f) in &self.tree.files {
+            for c in &f.chunks {
+                out.push((path.clone(), ChunkKey::digest(path.clone(), c.digest.clone())));
+            }
+        }
+        out
+    }
+}
+
+/// The one chunk size every file of the layer is cut at (its last chunk may be shorter), which
+/// cachefs needs to map offsets to chunks. Writers use one size per layer; a layer that mixes
+/// sizes is refused, and read whole instead.
+fn uniform_chunk_size(toc: &Toc, layer: &str) -> Result<u64, LayerError> {
+    let multi = toc.entries.iter().filter(|e| e.chunks.len() > 1).map(|e| e.chunks[0].size).max();
+    let largest_single =
+        toc.entries.iter().filter(|e| e.chunks.len() == 1).map(|e| e.chunks[0].size).max().unwrap_or(0);
+    let size = multi.unwrap_or(largest_single.max(4 << 20));
+    for e in &toc.entries {
+        let last = e.chunks.len().saturating_sub(1);
+        for (i, c) in e.chunks.iter().enumerate() {
+            if (i < last && c.size != size) || c.size > size {
+                return Err(LayerError::UnevenChunks {
+                    layer: layer.to_owned(),
+                    chunk_size: size,
+                    path: e.path.clone(),
+                    size: c.size,
+                });
+            }
+        }
+    }
+    Ok(size)
+}
+
+impl Namespace for LayerNamespace {
+    fn describe(&self) -> String {
+        self.tree.describe.clone()
+    }
+
+    fn root(&self) -> Option<Node> {
+        Some(self.tree.root.clone())
+    }
+
+    fn read_dir(&self, dir: &str) -> BoxFuture<'static, Result<Vec<Node>, NsError>> {
+        let found = self.tree.dirs.get(dir).cloned();
+        let dir = dir.to_owned();
+        Box::pin(async move { found.ok_or_else(|| NsError::Other(format!("{dir}: no such directory in the layer"))) })
+    }
+
+    fn stat(&self, path: &str) -> BoxFuture<'static, Result<Option<Node>, NsError>> {
+        let (dir, name) = parent_and_name(path);
+        let found = self.tree.dirs.get(dir).and_then(|nodes| nodes.iter().find(|n| n.name == name)).cloned();
+        Box::pin(async move { Ok(found) })
+    }
+
+    fn read_link(&self, path: &str) -> BoxFuture<'static, Result<String, NsError>> {
+        let found = self.tree.links.get(path).cloned();
+        let path = path.to_owned();
+        Box::pin(async move { found.ok_or_else(|| NsError::Other(format!("{path} is not a symlink"))) })
+    }
+
+    fn xattrs(&self, path: &str) -> BoxFuture<'static, Result<BTreeMap<String, Vec<u8>>, NsError>> {
+        let found = self.tree.xattrs.get(path).cloned().unwrap_or_default();
+        Box::pin(async move { Ok(found) })
+    }
+
+    fn chunk_size(&self) -> u64 {
+        self.tree.chunk_size
+    }
+
+    fn chunk_key(&self, path: &str, _node: &Node, index: u64) -> ChunkKey {
+        match self.tree.files.get(path).and_then(|f| f.chunks.get(index as usize)) {
+            Some(c) => ChunkKey::digest(path, c.digest.clone()),
+            // Past the end: a key that no fetch can satisfy, so the read fails rather than
+            // returning some other chunk's bytes.
+            None => ChunkKey::digest(path, format!("none:{index}")),
+        }
+    }
+
+    fn fetcher(&self, path: &str, _node: &Node) -> Arc<dyn Fetcher> {
+        Arc::new(LayerFetcher { blob: self.blob.clone(), file: self.tree.files.get(path).cloned() })
+    }
+}
+
+/// Fetches the chunks of one file: the compressed range, then decompression and the digest
+/// check. Only verified bytes are returned, so only verified bytes are ever cached.
+struct LayerFetcher {
+    blob: Arc<Blob>,
+    file: Option<Arc<FileData>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ChunkFetchError {
+    #[error("no chunk {0} in this file of the layer")]
+    Unknown(String),
+    #[error(transparent)]
+    Registry(#[from] crate::registry::RegistryError),
+    #[error(transparent)]
+    Format(#[from] estargz::FormatError),
+}
+
+impl Fetcher for LayerFetcher {
+    fn fetch(&self, key: &ChunkKey) -> BoxFuture<'static, Result<Bytes, FetchError>> {
+        let digest = match &key.identity {
+            Identity::Digest { digest } => digest.clone(),
+            other => format!("{other:?}"),
+        };
+        let blob = self.blob.clone();
+        let chunk =
+            self.file.as_ref().and_then(|f| f.by_digest.get(&digest).map(|&i| (f.path.clone(), f.chunks[i].clone())));
+        Box::pin(async move {
+            let (path, chunk) = chunk.ok_or_else(|| Arc::new(ChunkFetchError::Unknown(digest)) as FetchError)?;
+            let range = chunk.offset..chunk.compressed_end;
+            let compressed = blob
+                .registry
+                .blob_range(&blob.image, &blob.digest, range)
+                .await
+                .map_err(|e| Arc::new(ChunkFetchError::from(e)) as FetchError)?;
+            blob.fetched.fetch_add(compressed.len() as u64, Ordering::Relaxed);
+            let bytes = tokio::task::spawn_blocking(move || estargz::decode_chunk(&path, &chunk, &compressed))
+                .await
+                .map_err(|e| Arc::new(std::io::Error::other(e.to_string())) as FetchError)?
+                .map_err(|e| Arc::new(ChunkFetchError::from(e)) as FetchError)?;
+            Ok(Bytes::from(bytes))
+        })
+    }
+}

@@ -1,0 +1,111 @@
+//! Opening and mounting one remote layer: find its footer and TOC with two ranged reads, check
+//! the TOC against the digest the image annotates it with, and mount the tree through cachefs.
+
+use crate::estargz::{self, FormatError, MAX_FOOTER_SIZE};
+use crate::layer::{Blob, LayerError, LayerNamespace};
+use crate::registry::{ImageRef, Registry, RegistryError};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+use strata_cachefs::fuse::KernelTtl;
+use strata_cachefs::{FsOptions, MountError, MountOptions, Mounted};
+use strata_tiering::TieredCache;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error("layer {layer} of {image}: {source}")]
+    Registry {
+        image: String,
+        layer: String,
+        #[source]
+        source: RegistryError,
+    },
+    #[error("layer {layer} of {image} is not usable eStargz: {source}")]
+    Format {
+        image: String,
+        layer: String,
+        #[source]
+        source: FormatError,
+    },
+    #[error(transparent)]
+    Layer(#[from] LayerError),
+    #[error("mounting layer {layer}: {source}")]
+    Mount {
+        layer: String,
+        #[source]
+        source: MountError,
+    },
+}
+
+/// Settings for opening and mounting layers.
+#[derive(Debug, Clone)]
+pub struct RemoteOptions {
+    /// Largest TOC accepted, decompressed.
+    pub max_toc_size: u64,
+    /// Bytes of chunk reads in flight per mounted layer.
+    pub memory_budget: u64,
+    pub threads: usize,
+}
+
+impl Default for RemoteOptions {
+    fn default() -> Self {
+        RemoteOptions { max_toc_size: 64 << 20, memory_budget: 64 << 20, threads: 2 }
+    }
+}
+
+/// Reads and verifies the TOC of blob `digest` of `image`, and builds its namespace.
+pub async fn open_layer(
+    registry: Arc<Registry>,
+    image: &ImageRef,
+    digest: &str,
+    toc_digest: &str,
+    opts: &RemoteOptions,
+) -> Result<LayerNamespace, RemoteError> {
+    let reg_err = |source| RemoteError::Registry { image: image.to_string(), layer: digest.to_owned(), source };
+    let fmt_err = |source| RemoteError::Format { image: image.to_string(), layer: digest.to_owned(), source };
+    let size = registry.blob_size(image, digest).await.map_err(reg_err)?;
+    let tail_start = size.saturating_sub(MAX_FOOTER_SIZE);
+    let tail = registry.blob_range(image, digest, tail_start..size).await.map_err(reg_err)?;
+    let footer = estargz::parse_footer(&tail, size).map_err(fmt_err)?;
+    let member = registry.blob_range(image, digest, footer.toc_offset..size - footer.len).await.map_err(reg_err)?;
+    let (limit, toc_digest_owned, toc_offset) = (opts.max_toc_size, toc_digest.to_owned(), footer.toc_offset);
+    let toc = tokio::task::spawn_blocking(move || estargz::decode_toc(&member, toc_offset, &toc_digest_owned, limit))
+        .await
+        .map_err(|e| fmt_err(FormatError::TocMember(e.to_string())))?
+        .map_err(fmt_err)?;
+    let blob = Arc::new(Blob { registry, image: image.clone(), digest: digest.to_owned(), fetched: AtomicU64::new(0) });
+    Ok(LayerNamespace::new(&toc, blob)?)
+}
+
+/// Mounts `ns` read-only at `path`, with device nodes and setuid bits honoured (the layer is
+/// an overlay lower dir) and its tree trusted for the life of the mount (it is immutable).
+pub async fn mount_layer(
+    ns: LayerNamespace,
+    cache: TieredCache,
+    path: &Path,
+    opts: &RemoteOptions,
+) -> Result<Mounted, RemoteError> {
+    let layer = ns.blob().digest.clone();
+    let forever = Duration::from_secs(365 * 86400);
+    let fs = FsOptions {
+        metadata_ttl: None,
+        negative_ttl: forever,
+        staging_dir: None,
+        memory_budget: opts.memory_budget,
+        max_read_ahead: (opts.memory_budget / 4).clamp(2 << 20, 32 << 20),
+        passthrough: false,
+        keep_newest_hot: false,
+        checkpoint_window: Duration::ZERO,
+    };
+    let mount = MountOptions {
+        ttl: KernelTtl { entry: forever, attr: forever },
+        threads: opts.threads,
+        allow_other: true,
+        read_ahead_kb: 4096,
+        dev_suid: true,
+    };
+    strata_cachefs::mount_namespace(Arc::new(ns), cache, path, fs, mount)
+        .await
+        .map_err(|source| RemoteError::Mount { layer, source })
+}
