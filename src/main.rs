@@ -115,8 +115,8 @@ async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
     });
     let served = agent.run(stopped()).await;
     mount_cmd::unmount_all(mounts).await;
-    if let Some(task) = snapshots {
-        task.await?.context("the containerd snapshotter failed")?;
+    if let Some(running) = snapshots {
+        running.finish().await?;
     }
     Ok(served?)
 }

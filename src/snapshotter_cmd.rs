@@ -2,18 +2,30 @@
 
 use anyhow::Context;
 use std::sync::Arc;
+use strata_snapshotter::lazy::Lazy;
+use strata_snapshotter::registry::Registry;
+use strata_snapshotter::registry::auth::Credentials;
+use strata_snapshotter::registry::hosts::Hosts;
+use strata_snapshotter::remote::RemoteOptions;
 use strata_snapshotter::server::{self, ServeError};
 use strata_snapshotter::service::SnapshotService;
 use strata_tiering::agent::Agent;
 use tokio::task::JoinHandle;
 
-/// Opens the snapshot store and starts serving it, if the config asks for it. Failing to open
-/// the store or bind the socket stops the daemon from starting: containerd would otherwise
-/// find a plugin that is configured but absent.
+/// The running snapshotter: its server task, and its lazy layers to unmount at the end.
+pub struct Running {
+    task: JoinHandle<Result<(), ServeError>>,
+    lazy: Option<Arc<Lazy>>,
+}
+
+/// Opens the snapshot store, starts serving, and mounts the remote layers it holds again, if
+/// the config asks for it. Failing to open the store or bind the socket stops the daemon from
+/// starting: containerd would otherwise find a plugin that is configured but absent. A remote
+/// layer that cannot be mounted again is reported and does not.
 pub async fn start(
     agent: &Agent,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<Option<JoinHandle<Result<(), ServeError>>>> {
+) -> anyhow::Result<Option<Running>> {
     let cfg = &agent.config.snapshotter;
     if !cfg.enabled {
         return Ok(None);
@@ -23,9 +35,43 @@ pub async fn start(
         let root = root.clone();
         tokio::task::spawn_blocking(move || strata_snapshotter::Snapshotter::open(&root)).await?
     };
-    let snapshotter = opened.with_context(|| format!("cannot open the snapshotter at {}", root.display()))?;
+    let snapshotter = Arc::new(opened.with_context(|| format!("cannot open the snapshotter at {}", root.display()))?);
+    let mut service = SnapshotService::new(snapshotter.clone(), agent.cache.metrics().clone());
+    let lazy = if cfg.lazy {
+        let credentials = Credentials::load(&cfg.docker_config)?;
+        let registry = Arc::new(Registry::new(Hosts::new(Some(&cfg.hosts_dir)), credentials));
+        let opts = RemoteOptions {
+            max_toc_size: cfg.max_toc_size.0,
+            memory_budget: cfg.layer_memory_budget.0,
+            ..RemoteOptions::default()
+        };
+        let lazy = Arc::new(Lazy::new(registry, agent.cache.clone(), opts));
+        // In the background: a registry that is gone must not hold the daemon's start-up, and
+        // a container start mounts what it needs itself if it comes first.
+        let (l, s) = (lazy.clone(), snapshotter.clone());
+        tokio::spawn(async move {
+            let (ok, failed) = l.restore(&s).await;
+            if ok + failed > 0 {
+                tracing::info!(mounted = ok, failed, "remote layers from before the restart");
+            }
+        });
+        service = service.with_lazy(lazy.clone());
+        Some(lazy)
+    } else {
+        None
+    };
     let listener = server::bind(&cfg.socket).await?;
-    tracing::info!(socket = %cfg.socket.display(), root = %root.display(), "containerd snapshotter serving");
-    let service = SnapshotService::new(Arc::new(snapshotter), agent.cache.metrics().clone());
-    Ok(Some(tokio::spawn(server::serve(service, listener, shutdown))))
+    tracing::info!(socket = %cfg.socket.display(), root = %root.display(), lazy = cfg.lazy, "containerd snapshotter serving");
+    Ok(Some(Running { task: tokio::spawn(server::serve(service, listener, shutdown)), lazy }))
+}
+
+impl Running {
+    /// Waits for the server to stop, then unmounts the lazy layers.
+    pub async fn finish(self) -> anyhow::Result<()> {
+        let served = self.task.await?;
+        if let Some(lazy) = self.lazy {
+            lazy.unmount_all().await;
+        }
+        served.context("the containerd snapshotter failed")
+    }
 }

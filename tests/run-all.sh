@@ -41,6 +41,7 @@ log "starting the registry on loopback, with the test images"
 bash tests/infra/registry.sh start "$REGISTRY_DIR"
 bash tests/infra/images.sh "127.0.0.1:${REGISTRY_PORT:-5000}" "$REGISTRY_DIR/build"
 export STRATA_TEST_REGISTRY=127.0.0.1:${REGISTRY_PORT:-5000}
+export STRATA_TEST_REGISTRY_LOG=$REGISTRY_DIR/registry.log
 
 log "starting Ceph RGW on loopback"
 bash tests/infra/rgw.sh start "$RGW_DIR"

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::containerd::{Containerd, registry};
+use common::containerd::{Containerd, registry, registry_log};
 use common::*;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -34,6 +34,35 @@ impl Node {
 
     fn snapshots_root(&self) -> PathBuf {
         self.daemon.state().join("state/snapshotter")
+    }
+
+    /// Pulls `reference` (under the test registry's `strata/`) lazily, as stargz users do.
+    fn rpull(&self, reference: &str) -> String {
+        let image = format!("{}/strata/{reference}", registry());
+        let out = self.containerd.ctr_remote(&["image", "rpull", "--plain-http", "--snapshotter", "strata", &image]);
+        assert!(
+            out.status.success(),
+            "rpull {image}: {}\n--- strata log ---\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.daemon.log()
+        );
+        image
+    }
+
+    /// The digests of `image`'s layers, from the registry's manifest.
+    fn layer_digests(&self, reference: &str) -> Vec<String> {
+        let url = format!(
+            "http://{}/v2/strata/{}/manifests/{}",
+            registry(),
+            reference.split(':').next().unwrap(),
+            reference.split(':').nth(1).unwrap()
+        );
+        let out = std::process::Command::new("curl")
+            .args(["-fsS", "-H", "Accept: application/vnd.oci.image.manifest.v1+json", &url])
+            .output()
+            .unwrap();
+        let m: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        m["layers"].as_array().unwrap().iter().map(|l| l["digest"].as_str().unwrap().to_string()).collect()
     }
 
     fn pull(&self) -> String {
@@ -260,4 +289,110 @@ fn snapshot_commands_answer_as_containerds_overlayfs_does() {
     assert!(theirs.iter().any(|l| l.contains("error: already exists")), "{theirs:#?}");
     assert!(theirs.iter().any(|l| l.contains("v2     layer2 View")), "{theirs:#?}");
     assert_eq!(ours, theirs, "strata answered differently from overlayfs");
+}
+
+/// Where the registry's log ends now, so a test counts only the requests made after it.
+fn log_mark() -> usize {
+    registry_log().len()
+}
+
+/// Whole-blob downloads (status 200) of `digest` in the registry's log since `mark`: what
+/// containerd does for a layer it has to fetch. Strata's own reads are ranged (206).
+fn whole_downloads(mark: usize, digest: &str) -> usize {
+    let request = format!("\"GET /v2/strata/");
+    let blob = format!("/blobs/{digest} ");
+    registry_log()[mark..]
+        .lines()
+        .filter(|l| l.contains(&request) && l.contains(&blob) && l.contains("\" 200 "))
+        .count()
+}
+
+fn lazy_mounts() -> Vec<String> {
+    std::fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("strata:") && l.contains("/strata/busybox:esgz@"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root, containerd, runc, ctr-remote and the test registry: run by .ci/run"]
+fn an_estargz_image_pulls_lazily_and_runs() {
+    let node = Node::start();
+    let mark = log_mark();
+    let mounts_before = lazy_mounts().len();
+    let image = node.rpull("busybox:esgz");
+    let layers = node.layer_digests("busybox:esgz");
+
+    // Each layer is a FUSE mount of Strata's, and containerd downloaded none of them.
+    let ours: Vec<String> =
+        lazy_mounts().into_iter().filter(|l| l.contains(&node.snapshots_root().display().to_string())).collect();
+    assert_eq!(ours.len(), 2, "{ours:#?}");
+    for d in &layers {
+        assert!(ours.iter().any(|l| l.contains(d.as_str())), "no mount of {d}: {ours:#?}");
+        assert_eq!(whole_downloads(mark, d), 0, "containerd downloaded layer {d}");
+    }
+    let metrics = node.daemon.metrics_text();
+    assert!(metrics.contains("strata_snapshotter_layers_total{how=\"lazy\"} 2"), "{metrics}");
+
+    let out = node.ctr(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "strata",
+        &image,
+        "lazy-run",
+        "sh",
+        "-c",
+        "cat /etc/motd; ls /bin/vi 2>/dev/null || echo no-vi; busybox | head -1 | cut -d' ' -f1",
+    ]);
+    assert_eq!(out, "strata layer two\nno-vi\nBusyBox\n");
+    for d in &layers {
+        assert_eq!(whole_downloads(mark, d), 0, "layer {d} was read in ranges only");
+    }
+    assert!(mounts_before <= lazy_mounts().len());
+}
+
+#[test]
+#[ignore = "needs root, containerd, runc, ctr-remote and the test registry: run by .ci/run"]
+fn after_a_restart_lazy_layers_mount_again_for_new_containers() {
+    let mut node = Node::start();
+    let image = node.rpull("busybox:esgz");
+    node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "before", "true"]);
+    node.daemon.kill9();
+    node.daemon.spawn();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let out = loop {
+        let out = node.containerd.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "after", "cat", "/etc/motd"]);
+        if out.status.success() {
+            break String::from_utf8(out.stdout).unwrap();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no container after the restart: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            node.daemon.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    assert_eq!(out, "strata layer two\n");
+}
+
+#[test]
+#[ignore = "needs root, containerd, runc, ctr-remote and the test registry: run by .ci/run"]
+fn a_layer_whose_toc_does_not_match_is_downloaded_instead_and_named() {
+    let node = Node::start();
+    let mark = log_mark();
+    let image = node.rpull("specials:bad-toc");
+    let layers = node.layer_digests("specials:bad-toc");
+    let log = node.daemon.log();
+    assert!(log.contains("layer not lazy") && log.contains(&layers[2]), "the log names the layer:\n{log}");
+    assert!(log.contains("TOC's digest"), "and says why:\n{log}");
+    let metrics = node.daemon.metrics_text();
+    assert!(metrics.contains("strata_snapshotter_layers_total{how=\"lazy\"} 2"), "{metrics}");
+    assert!(metrics.contains("strata_snapshotter_layers_total{how=\"downloaded\"} 1"), "{metrics}");
+    assert_eq!(whole_downloads(mark, &layers[2]), 1, "containerd downloaded the refused layer, once");
+    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "bad-toc", "cat", "/opt/file", "/etc/motd"]);
+    assert_eq!(out, "linked content\nstrata layer two\n", "lazy and downloaded layers stack and run");
 }

@@ -21,6 +21,8 @@ pub enum SnapshotError {
     HasChildren(String),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    #[error("layer {name:?} is not available: {reason}")]
+    LayerUnavailable { name: String, reason: String },
     #[error("snapshot metadata {path}: {source}")]
     Store {
         path: PathBuf,

@@ -49,13 +49,15 @@ impl Filter {
 
 impl Cond {
     fn holds(&self, info: &Info) -> bool {
+        // As containerd's snapshot adaptor: name, parent and kind are always present (a base
+        // layer's parent is ""), a label only when set. containerd finds a remote snapshot it
+        // was told about with `parent==""` for a base layer.
         let value: Option<&str> = match &self.field {
             Field::Name => Some(&info.name),
-            Field::Parent => info.parent.as_deref(),
+            Field::Parent => Some(info.parent.as_deref().unwrap_or("")),
             Field::Kind => Some(info.kind.as_str()),
             Field::Label(k) => info.labels.get(k).map(String::as_str),
         };
-        let value = value.filter(|v| !v.is_empty());
         match &self.op {
             Op::Present => value.is_some(),
             Op::Eq(want) => value == Some(want.as_str()),
@@ -184,6 +186,10 @@ mod tests {
         assert!(f(&["kind==active", "name==a"]).matches(&a), "filters are alternatives");
         assert!(!f(&["kind==active,name==a"]).matches(&a), "commas join conditions");
         assert!(f(&[r#"name!="b""#]).matches(&a) && !f(&["name!=b"]).matches(&b));
+        // containerd's lookup of a remote snapshot it was told about, for a base layer.
+        let wanted = info("x", Kind::Committed, &[("containerd.io/snapshot.ref", "sha256:abc")]);
+        assert!(f(&[r#"labels."containerd.io/snapshot.ref"==sha256:abc,parent=="""#]).matches(&wanted));
+        assert!(!f(&[r#"labels."containerd.io/snapshot.ref"==sha256:abc,parent=="p""#]).matches(&wanted));
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod error;
 pub mod estargz;
 pub mod filter;
 pub mod layer;
+pub mod lazy;
 pub mod model;
 pub mod overlay;
 pub mod proto;

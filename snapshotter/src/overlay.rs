@@ -180,7 +180,13 @@ impl Snapshotter {
         if store.get(name).is_some() {
             return Err(SnapshotError::AlreadyExists(name.to_owned()));
         }
-        let usage = disk_usage(&self.fs_dir(record.id))?;
+        // A remote layer's files live in the registry: walking its mount would only count what
+        // the TOC says, at the cost of a stat per file.
+        let usage = if labels.contains_key(crate::lazy::REMOTE_LABEL) {
+            Usage::default()
+        } else {
+            disk_usage(&self.fs_dir(record.id))?
+        };
         let t = now();
         store.update(|m| {
             m.remove(key);
@@ -212,6 +218,36 @@ impl Snapshotter {
             tracing::warn!(key, id = record.id, error = %e, "snapshot removed, but not its directory yet");
         }
         Ok(())
+    }
+
+    /// The directory id of snapshot `key` and the layer directory (`fs`) it owns.
+    pub fn layer_dir(&self, key: &str) -> Result<(u64, PathBuf), SnapshotError> {
+        let store = self.lock();
+        let record = store.get(key).ok_or_else(|| SnapshotError::NotFound(key.to_owned()))?;
+        Ok((record.id, self.fs_dir(record.id)))
+    }
+
+    /// The id of a snapshot that [`Snapshotter::remove`] would remove now.
+    pub fn removable(&self, key: &str) -> Result<u64, SnapshotError> {
+        let store = self.lock();
+        let record = store.get(key).ok_or_else(|| SnapshotError::NotFound(key.to_owned()))?;
+        if store.has_children(key) {
+            return Err(SnapshotError::HasChildren(key.to_owned()));
+        }
+        Ok(record.id)
+    }
+
+    /// The snapshot and its ancestors, nearest first, with their ids and labels.
+    pub fn chain(&self, key: &str) -> Vec<(String, u64, BTreeMap<String, String>)> {
+        let store = self.lock();
+        let mut out = Vec::new();
+        let mut next = Some(key.to_owned());
+        while let Some(k) = next {
+            let Some(r) = store.get(&k) else { break };
+            out.push((k.clone(), r.id, r.labels.clone()));
+            next = r.parent.clone();
+        }
+        out
     }
 
     pub fn stat(&self, key: &str) -> Result<Info, SnapshotError> {

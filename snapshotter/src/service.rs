@@ -3,6 +3,7 @@
 //! (and is logged, once, here).
 
 use crate::error::SnapshotError;
+use crate::lazy::{self, Lazy, Prepared};
 use crate::model::{Info, Kind, Mount};
 use crate::overlay::Snapshotter;
 use crate::proto;
@@ -19,6 +20,8 @@ use tracing::Instrument;
 pub struct SnapshotService {
     inner: Arc<Snapshotter>,
     metrics: Metrics,
+    /// Lazy layers from registries; `None` serves ordinary snapshots only.
+    lazy: Option<Arc<Lazy>>,
 }
 
 /// How many snapshots one List message carries; containerd reads them as a stream.
@@ -26,7 +29,33 @@ const LIST_BATCH: usize = 100;
 
 impl SnapshotService {
     pub fn new(inner: Arc<Snapshotter>, metrics: Metrics) -> SnapshotService {
-        SnapshotService { inner, metrics }
+        SnapshotService { inner, metrics, lazy: None }
+    }
+
+    /// Serves layers whose labels name an eStargz TOC lazily, through `lazy`.
+    pub fn with_lazy(mut self, lazy: Arc<Lazy>) -> SnapshotService {
+        self.lazy = Some(lazy);
+        self
+    }
+
+    /// Counts a call by how it ended, and turns its error into a status.
+    fn finish<T>(&self, method: &'static str, result: Result<T, SnapshotError>) -> Result<T, Status> {
+        let result = result.map_err(|e| status(method, e));
+        let code = match &result {
+            Ok(_) => "ok",
+            Err(s) => code_name(s.code()),
+        };
+        self.metrics.snapshot_requests.get_or_create(&SnapshotRequestLabel { method, code }).inc();
+        result
+    }
+
+    /// Before containerd mounts an overlay over `key`'s layers, each remote one must be
+    /// mounted (again, after a restart).
+    async fn ensure_chain(&self, method: &'static str, key: &str) -> Result<(), Status> {
+        match &self.lazy {
+            Some(lazy) => self.finish(method, lazy.ensure_chain(&self.inner, key).await),
+            None => Ok(()),
+        }
     }
 
     pub fn into_server(self) -> proto::snapshots_server::SnapshotsServer<SnapshotService> {
@@ -45,7 +74,7 @@ impl SnapshotService {
         let inner = self.inner.clone();
         let result = async move {
             match tokio::task::spawn_blocking(move || op(&inner)).await {
-                Ok(r) => r.map_err(|e| status(method, e)),
+                Ok(r) => Ok(r),
                 Err(join) => {
                     tracing::error!(error = %join, "snapshot operation panicked");
                     Err(Status::internal(format!("{method} failed: {join}")))
@@ -53,13 +82,8 @@ impl SnapshotService {
             }
         }
         .instrument(span)
-        .await;
-        let code = match &result {
-            Ok(_) => "ok",
-            Err(s) => code_name(s.code()),
-        };
-        self.metrics.snapshot_requests.get_or_create(&SnapshotRequestLabel { method, code }).inc();
-        result
+        .await?;
+        self.finish(method, result)
     }
 }
 
@@ -71,9 +95,10 @@ fn status(method: &'static str, e: SnapshotError) -> Status {
             Code::FailedPrecondition
         }
         SnapshotError::ParentNotCommitted(_) | SnapshotError::InvalidArgument(_) => Code::InvalidArgument,
+        SnapshotError::LayerUnavailable { .. } => Code::Unavailable,
         SnapshotError::Store { .. } | SnapshotError::StoreDamaged { .. } | SnapshotError::Io { .. } => Code::Internal,
     };
-    if code == Code::Internal {
+    if matches!(code, Code::Internal | Code::Unavailable) {
         tracing::error!(method, error = %e, "snapshot operation failed");
     } else {
         // containerd probes with Stat and retries Prepare: these answers are expected traffic.
@@ -89,6 +114,7 @@ fn code_name(c: Code) -> &'static str {
         Code::FailedPrecondition => "failed_precondition",
         Code::InvalidArgument => "invalid_argument",
         Code::Internal => "internal",
+        Code::Unavailable => "unavailable",
         _ => "other",
     }
 }
@@ -154,9 +180,31 @@ impl proto::snapshots_server::Snapshots for SnapshotService {
     ) -> Result<Response<proto::PrepareSnapshotResponse>, Status> {
         let r = req.into_inner();
         let key = r.key.clone();
-        let ms = self
-            .call("prepare", &key, move |s| s.prepare(&r.key, parent(r.parent).as_deref(), labels(r.labels)))
-            .await?;
+        let labels = labels(r.labels);
+        let parent_key = parent(r.parent);
+        if let Some(lazy) = &self.lazy
+            && let Some(src) = lazy::source(&labels)
+        {
+            let span = tracing::info_span!("snapshots", method = "prepare", key = %key);
+            let outcome = lazy.prepare(&self.inner, &key, parent_key.as_deref(), labels, src).instrument(span).await;
+            let how = match &outcome {
+                Ok(Prepared::Remote { .. }) => "lazy",
+                _ => "downloaded",
+            };
+            self.metrics.snapshot_layers.get_or_create(&strata_tiering::metrics::LayerLabel { how }).inc();
+            return match self.finish("prepare", outcome)? {
+                // containerd's remote-snapshot protocol: AlreadyExists means "the layer is
+                // there, skip its download"; it then finds the target with Stat.
+                Prepared::Remote { target } => {
+                    Err(Status::already_exists(format!("target snapshot {target:?} is a remote snapshot")))
+                }
+                Prepared::Local(ms) => Ok(Response::new(proto::PrepareSnapshotResponse { mounts: mounts(ms) })),
+            };
+        }
+        if let Some(p) = &parent_key {
+            self.ensure_chain("prepare", p).await?;
+        }
+        let ms = self.call("prepare", &key, move |s| s.prepare(&r.key, parent_key.as_deref(), labels)).await?;
         Ok(Response::new(proto::PrepareSnapshotResponse { mounts: mounts(ms) }))
     }
 
@@ -173,6 +221,7 @@ impl proto::snapshots_server::Snapshots for SnapshotService {
 
     async fn mounts(&self, req: Request<proto::MountsRequest>) -> Result<Response<proto::MountsResponse>, Status> {
         let key = req.into_inner().key;
+        self.ensure_chain("mounts", &key).await?;
         let ms = self.call("mounts", &key.clone(), move |s| s.mounts(&key)).await?;
         Ok(Response::new(proto::MountsResponse { mounts: mounts(ms) }))
     }
@@ -186,6 +235,12 @@ impl proto::snapshots_server::Snapshots for SnapshotService {
 
     async fn remove(&self, req: Request<proto::RemoveSnapshotRequest>) -> Result<Response<proto::Empty>, Status> {
         let key = req.into_inner().key;
+        if let Some(lazy) = &self.lazy {
+            // A mounted layer's directory cannot go until its mount has.
+            let k = key.clone();
+            let id = self.call("remove", &key, move |s| s.removable(&k)).await?;
+            lazy.unmount(id).await;
+        }
         self.call("remove", &key.clone(), move |s| s.remove(&key)).await?;
         Ok(Response::new(proto::Empty {}))
     }

@@ -20,6 +20,14 @@ pub fn registry() -> String {
 
 pub const NAMESPACE: &str = "strata-test";
 
+/// The registry's access log, to count what was fetched.
+pub fn registry_log() -> String {
+    let path = std::env::var("STRATA_TEST_REGISTRY_LOG").unwrap_or_else(|_| {
+        panic!("STRATA_TEST_REGISTRY_LOG is not set: these tests need the registry that `bash .ci/run` starts")
+    });
+    std::fs::read_to_string(path).unwrap()
+}
+
 impl Containerd {
     /// Starts containerd with `[proxy_plugins.strata]` dialling `snapshotter_socket`.
     pub fn start(dir: &Path, snapshotter_socket: &Path) -> Containerd {
@@ -67,6 +75,17 @@ impl Containerd {
     /// `ctr --address A -n strata-test ARGS...`
     pub fn ctr(&self, args: &[&str]) -> Output {
         Command::new("ctr").arg("--address").arg(&self.address).args(["-n", NAMESPACE]).args(args).output().unwrap()
+    }
+
+    /// `ctr-remote` (stargz-snapshotter's ctr, with `image rpull`), on this containerd.
+    pub fn ctr_remote(&self, args: &[&str]) -> Output {
+        Command::new("ctr-remote")
+            .arg("--address")
+            .arg(&self.address)
+            .args(["-n", NAMESPACE])
+            .args(args)
+            .output()
+            .unwrap()
     }
 
     /// As [`Containerd::ctr`], failing the test with both logs on a non-zero exit.

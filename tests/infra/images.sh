@@ -6,7 +6,7 @@
 #   2. /etc/motd ("strata layer two"), and /bin/vi deleted (a whiteout).
 # and its eStargz conversions by stargz-snapshotter's own ctr-remote (run in a containerd of
 # its own under WORKDIR): :esgz (default 4 MiB chunks) and :esgz-64k (64 KiB chunks, so that
-# files span many chunks), and :esgz of strata/specials:1 (below).
+# files span many chunks),  and :esgz and :bad-toc of strata/specials:1 (below).
 set -euo pipefail
 
 REGISTRY=${1:?registry host:port}; WORK=${2:?work dir}
@@ -84,3 +84,15 @@ for ref in busybox:esgz busybox:esgz-64k specials:esgz; do
   remote image push --plain-http "$REGISTRY/strata/$ref" >/dev/null
   echo "images: pushed $REGISTRY/strata/$ref (eStargz by ctr-remote)" >&2
 done
+
+# specials:bad-toc: specials:esgz whose third layer annotates a TOC digest its TOC does not have
+# (blobs no other test downloads whole, so the registry log tells who fetched what).
+OCI_MANIFEST=application/vnd.oci.image.manifest.v1+json
+curl -fsS -H "Accept: $OCI_MANIFEST" "http://$REGISTRY/v2/strata/specials/manifests/esgz" |
+  python3 -c 'import json, sys
+m = json.load(sys.stdin)
+m["layers"][2]["annotations"]["containerd.io/snapshot/stargz/toc.digest"] = "sha256:" + "0" * 64
+sys.stdout.write(json.dumps(m))' >"$WORK/bad-toc.json"
+curl -fsS -X PUT -H "Content-Type: $OCI_MANIFEST" --data-binary "@$WORK/bad-toc.json" \
+  "http://$REGISTRY/v2/strata/specials/manifests/bad-toc" >/dev/null
+echo "images: pushed $REGISTRY/strata/specials:bad-toc (a wrong toc.digest on layer 3)" >&2

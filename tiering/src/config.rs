@@ -51,12 +51,52 @@ pub struct SnapshotterConfig {
     /// file system that can be an overlay upper dir (ext4, xfs with ftype=1).
     #[serde(default)]
     pub root: Option<PathBuf>,
+    /// Mount eStargz layers from the registry instead of letting containerd download them.
+    #[serde(default = "yes")]
+    pub lazy: bool,
+    /// containerd's registry host directory (`<host>/hosts.toml`: mirrors, plain HTTP).
+    #[serde(default = "default_hosts_dir")]
+    pub hosts_dir: PathBuf,
+    /// Registry logins, in docker's `config.json` format.
+    #[serde(default = "default_docker_config")]
+    pub docker_config: PathBuf,
+    /// Largest eStargz TOC accepted (decompressed); a larger one makes the layer non-lazy.
+    #[serde(default = "default_max_toc")]
+    pub max_toc_size: ByteSize,
+    /// Bytes of chunk reads in flight per mounted layer.
+    #[serde(default = "default_layer_memory")]
+    pub layer_memory_budget: ByteSize,
 }
 
 impl Default for SnapshotterConfig {
     fn default() -> Self {
-        SnapshotterConfig { enabled: false, socket: default_snapshotter_socket(), root: None }
+        SnapshotterConfig {
+            enabled: false,
+            socket: default_snapshotter_socket(),
+            root: None,
+            lazy: true,
+            hosts_dir: default_hosts_dir(),
+            docker_config: default_docker_config(),
+            max_toc_size: default_max_toc(),
+            layer_memory_budget: default_layer_memory(),
+        }
     }
+}
+
+fn default_hosts_dir() -> PathBuf {
+    "/etc/containerd/certs.d".into()
+}
+
+fn default_docker_config() -> PathBuf {
+    "/root/.docker/config.json".into()
+}
+
+fn default_max_toc() -> ByteSize {
+    ByteSize::mib(64)
+}
+
+fn default_layer_memory() -> ByteSize {
+    ByteSize::mib(64)
 }
 
 fn default_snapshotter_socket() -> PathBuf {
@@ -302,6 +342,12 @@ impl Config {
             && !root.is_absolute()
         {
             return err("snapshotter.root".into(), "must be an absolute path".into());
+        }
+        if self.snapshotter.max_toc_size.0 < 1 << 20 {
+            return err("snapshotter.max_toc_size".into(), "must be at least 1MiB".into());
+        }
+        if self.snapshotter.layer_memory_budget.0 < 8 << 20 {
+            return err("snapshotter.layer_memory_budget".into(), "must be at least 8MiB".into());
         }
         for (i, m) in self.mounts.iter().enumerate() {
             let key = |f: &str| format!("mounts[{i}].{f}");

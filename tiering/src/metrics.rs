@@ -29,6 +29,7 @@ pub const COALESCED_MISSES: &str = "strata_coalesced_misses";
 pub const FS_OPENS: &str = "strata_fs_opens";
 pub const FS_PARTS_WHILE_WRITING: &str = "strata_fs_parts_sent_while_writing";
 pub const SNAPSHOT_REQUESTS: &str = "strata_snapshotter_requests";
+pub const SNAPSHOT_LAYERS: &str = "strata_snapshotter_layers";
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TierLabel {
@@ -49,6 +50,13 @@ pub struct SnapshotRequestLabel {
     pub method: &'static str,
     /// The gRPC code it answered with: `ok`, `not_found`, `already_exists`, ...
     pub code: &'static str,
+}
+
+/// How a layer that could have been lazy was prepared.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LayerLabel {
+    /// `lazy` (mounted from the registry) or `downloaded` (containerd fetched it whole).
+    pub how: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -80,6 +88,7 @@ pub struct Metrics {
     pub fs_opens: Family<OpenLabel, Counter>,
     pub fs_parts_while_writing: Counter,
     pub snapshot_requests: Family<SnapshotRequestLabel, Counter>,
+    pub snapshot_layers: Family<LayerLabel, Counter>,
     /// All evictions, whatever the tier and reason; for status output.
     pub evicted_chunks: Counter,
 }
@@ -143,6 +152,11 @@ impl Metrics {
             SNAPSHOT_REQUESTS,
             "Calls of the containerd Snapshots service, by method and answer",
             self.snapshot_requests.clone(),
+        );
+        r.register(
+            SNAPSHOT_LAYERS,
+            "eStargz layers containerd asked for, by whether they were mounted lazily or downloaded whole",
+            self.snapshot_layers.clone(),
         );
     }
 }

@@ -1,0 +1,264 @@
+//! Lazy snapshots: a layer whose labels carry an eStargz TOC digest is mounted from the
+//! registry through cachefs instead of being downloaded, then committed under the chain ID
+//! containerd asked for, so containerd skips its download (containerd's remote-snapshotter
+//! protocol). Anything that stops a layer from being lazy falls back to an ordinary snapshot,
+//! which containerd fills the usual way, and says why.
+
+use crate::error::SnapshotError;
+use crate::model::Mount;
+use crate::overlay::Snapshotter;
+use crate::registry::{ImageRef, Registry};
+use crate::remote::{RemoteOptions, mount_layer, open_layer};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+use strata_cachefs::Mounted;
+use strata_tiering::TieredCache;
+use tokio::sync::Mutex;
+
+/// Marks a snapshot Strata mounted from a registry (the value stargz-snapshotter uses too).
+pub const REMOTE_LABEL: &str = "containerd.io/snapshot/remote";
+pub const REMOTE_VALUE: &str = "remote snapshot";
+/// The chain ID containerd wants the layer committed as.
+pub const TARGET_LABEL: &str = "containerd.io/snapshot.ref";
+pub const TOC_LABEL: &str = "containerd.io/snapshot/stargz/toc.digest";
+const CRI_REF: &str = "containerd.io/snapshot/cri.image-ref";
+const CRI_DIGEST: &str = "containerd.io/snapshot/cri.layer-digest";
+const STARGZ_REF: &str = "containerd.io/snapshot/remote/stargz.reference";
+const STARGZ_DIGEST: &str = "containerd.io/snapshot/remote/stargz.digest";
+
+/// Where a lazy layer comes from, from its snapshot labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerSource {
+    pub image: ImageRef,
+    pub digest: String,
+    pub toc_digest: String,
+}
+
+/// `None` if the labels do not ask for a lazy layer; an error if they do but cannot be used.
+pub fn source(labels: &BTreeMap<String, String>) -> Option<Result<LayerSource, String>> {
+    let toc_digest = labels.get(TOC_LABEL)?.clone();
+    // The CRI labels first, stargz's own as the fallback, as stargz-snapshotter reads them.
+    let reference = labels.get(CRI_REF).or_else(|| labels.get(STARGZ_REF));
+    let digest = labels.get(CRI_DIGEST).or_else(|| labels.get(STARGZ_DIGEST));
+    Some(match (reference, digest) {
+        (Some(r), Some(d)) => ImageRef::parse(r)
+            .map(|image| LayerSource { image, digest: d.clone(), toc_digest })
+            .map_err(|e| e.to_string()),
+        _ => Err(format!(
+            "the labels carry a TOC digest but not the image reference and layer digest ({CRI_REF} and {CRI_DIGEST}, or {STARGZ_REF} and {STARGZ_DIGEST}); \
+             is disable_snapshot_annotations still true in containerd's CRI config?"
+        )),
+    })
+}
+
+/// What Prepare did with a layer.
+#[derive(Debug)]
+pub enum Prepared {
+    /// Mounted from the registry and committed as the target: answer AlreadyExists.
+    Remote { target: String },
+    /// An ordinary active snapshot, for containerd to fill.
+    Local(Vec<Mount>),
+}
+
+/// The lazy-layer half of the snapshotter: the registry, the shared cache, and the layers
+/// mounted now, by snapshot id.
+#[derive(Debug)]
+pub struct Lazy {
+    registry: Arc<Registry>,
+    cache: TieredCache,
+    opts: RemoteOptions,
+    mounts: Mutex<HashMap<u64, Mounted>>,
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("snapshot work does not panic")
+}
+
+impl Lazy {
+    pub fn new(registry: Arc<Registry>, cache: TieredCache, opts: RemoteOptions) -> Lazy {
+        Lazy { registry, cache, opts, mounts: Mutex::new(HashMap::new()) }
+    }
+
+    /// Prepare for a layer whose labels name an eStargz TOC.
+    pub async fn prepare(
+        &self,
+        inner: &Arc<Snapshotter>,
+        key: &str,
+        parent: Option<&str>,
+        labels: BTreeMap<String, String>,
+        src: Result<LayerSource, String>,
+    ) -> Result<Prepared, SnapshotError> {
+        let target = labels.get(TARGET_LABEL).cloned();
+        if let Some(t) = &target {
+            let (inner, t2) = (inner.clone(), t.clone());
+            if blocking(move || inner.stat(&t2)).await.is_ok() {
+                return Ok(Prepared::Remote { target: t.clone() });
+            }
+        }
+        if let Some(p) = parent {
+            self.ensure_chain(inner, p).await?;
+        }
+        let mounts = {
+            let (inner, key, parent, labels) =
+                (inner.clone(), key.to_owned(), parent.map(str::to_owned), labels.clone());
+            blocking(move || inner.prepare(&key, parent.as_deref(), labels)).await?
+        };
+        let Some(target) = target else {
+            tracing::warn!(key, "layer not lazy: containerd sent no {TARGET_LABEL} label to commit it under");
+            return Ok(Prepared::Local(mounts));
+        };
+        let src = match src {
+            Ok(s) => s,
+            Err(why) => {
+                tracing::warn!(key, "layer not lazy: {why}");
+                return Ok(Prepared::Local(mounts));
+            }
+        };
+        let (id, dir) = {
+            let (inner, key) = (inner.clone(), key.to_owned());
+            blocking(move || inner.layer_dir(&key)).await?
+        };
+        if let Err(e) = self.mount(id, &dir, &src).await {
+            tracing::warn!(layer = %src.digest, image = %src.image, error = %e, "layer not lazy; containerd will download it");
+            return Ok(Prepared::Local(mounts));
+        }
+        let mut commit_labels = labels;
+        commit_labels.insert(REMOTE_LABEL.into(), REMOTE_VALUE.into());
+        let committed = {
+            let (inner, key, target) = (inner.clone(), key.to_owned(), target.clone());
+            blocking(move || inner.commit(&target, &key, commit_labels)).await
+        };
+        match committed {
+            Ok(()) => {
+                tracing::info!(layer = %src.digest, image = %src.image, snapshot = %target, "layer mounted lazily");
+                Ok(Prepared::Remote { target })
+            }
+            Err(e) => {
+                // Another Prepare committed the same layer first: use that one.
+                self.unmount(id).await;
+                let (inner, key) = (inner.clone(), key.to_owned());
+                let _ = blocking(move || inner.remove(&key)).await;
+                match e {
+                    SnapshotError::AlreadyExists(_) => Ok(Prepared::Remote { target }),
+                    e => Err(e),
+                }
+            }
+        }
+    }
+
+    async fn mount(&self, id: u64, dir: &Path, src: &LayerSource) -> Result<(), crate::remote::RemoteError> {
+        let ns = open_layer(self.registry.clone(), &src.image, &src.digest, &src.toc_digest, &self.opts).await?;
+        let mounted = mount_layer(ns, self.cache.clone(), dir, &self.opts).await?;
+        if let Some(old) = self.mounts.lock().await.insert(id, mounted) {
+            let _ = blocking(move || old.unmount()).await;
+        }
+        Ok(())
+    }
+
+    /// Ends the mount of snapshot `id`, if it has one.
+    pub async fn unmount(&self, id: u64) {
+        if let Some(m) = self.mounts.lock().await.remove(&id)
+            && let Err(e) = blocking(move || m.unmount()).await
+        {
+            tracing::warn!(id, error = %e, "unmounting a lazy layer failed");
+        }
+    }
+
+    /// Makes sure every remote layer under `key` is mounted, mounting again any that is not
+    /// (after a restart, or a mount that died), before containerd mounts an overlay over them.
+    pub async fn ensure_chain(&self, inner: &Arc<Snapshotter>, key: &str) -> Result<(), SnapshotError> {
+        let chain = {
+            let (inner, key) = (inner.clone(), key.to_owned());
+            blocking(move || inner.chain(&key)).await
+        };
+        for (name, id, labels) in chain {
+            if !labels.contains_key(REMOTE_LABEL) || self.alive(id).await {
+                continue;
+            }
+            let unavailable = |reason: String| SnapshotError::LayerUnavailable { name: name.clone(), reason };
+            let src = source(&labels).ok_or_else(|| unavailable("its labels no longer name its TOC".into()))?;
+            let src = src.map_err(unavailable)?;
+            let dir = {
+                let (inner, name) = (inner.clone(), name.clone());
+                blocking(move || inner.layer_dir(&name)).await?.1
+            };
+            clear_dead_mount(&dir).await;
+            self.mount(id, &dir, &src).await.map_err(|e| unavailable(e.to_string()))?;
+            tracing::info!(snapshot = %name, "remote layer mounted again");
+        }
+        Ok(())
+    }
+
+    async fn alive(&self, id: u64) -> bool {
+        self.mounts.lock().await.contains_key(&id)
+    }
+
+    /// Mounts every remote snapshot again after a restart. A layer whose registry is gone is
+    /// reported and left for later (the next container start tries again); it never stops the
+    /// daemon.
+    pub async fn restore(&self, inner: &Arc<Snapshotter>) -> (usize, usize) {
+        let remote = {
+            let inner = inner.clone();
+            blocking(move || inner.list(&[format!("labels.\"{REMOTE_LABEL}\"")])).await.unwrap_or_default()
+        };
+        let (mut ok, mut failed) = (0, 0);
+        for info in remote {
+            match self.ensure_chain(inner, &info.name).await {
+                Ok(()) => ok += 1,
+                Err(e) => {
+                    failed += 1;
+                    tracing::error!(snapshot = %info.name, error = %e, "remote layer not mounted at start-up");
+                }
+            }
+        }
+        (ok, failed)
+    }
+
+    /// Unmounts every layer, at shutdown.
+    pub async fn unmount_all(&self) {
+        let all: Vec<Mounted> = self.mounts.lock().await.drain().map(|(_, m)| m).collect();
+        for m in all {
+            let _ = blocking(move || m.unmount()).await;
+        }
+    }
+}
+
+/// A mount point whose FUSE daemon died reads as "transport endpoint is not connected";
+/// detach it so the layer can be mounted there again.
+async fn clear_dead_mount(dir: &Path) {
+    let dir = dir.to_owned();
+    blocking(move || {
+        if std::fs::metadata(&dir).is_err() {
+            let _ = std::process::Command::new("fusermount3").arg("-u").arg("-z").arg(&dir).status();
+        }
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn the_cri_labels_come_first_and_stargz_labels_are_the_fallback() {
+        assert!(source(&labels(&[(CRI_REF, "r.io/a:1")])).is_none(), "no TOC digest: not lazy");
+        let both = labels(&[
+            (TOC_LABEL, "sha256:t"),
+            (CRI_REF, "r.io/cri:1"),
+            (CRI_DIGEST, "sha256:c"),
+            (STARGZ_REF, "r.io/stargz:1"),
+            (STARGZ_DIGEST, "sha256:s"),
+        ]);
+        let s = source(&both).unwrap().unwrap();
+        assert_eq!((s.image.repository.as_str(), s.digest.as_str()), ("cri", "sha256:c"));
+        let legacy = labels(&[(TOC_LABEL, "sha256:t"), (STARGZ_REF, "r.io/stargz:1"), (STARGZ_DIGEST, "sha256:s")]);
+        assert_eq!(source(&legacy).unwrap().unwrap().digest, "sha256:s");
+        let e = source(&labels(&[(TOC_LABEL, "sha256:t")])).unwrap().unwrap_err();
+        assert!(e.contains("disable_snapshot_annotations"), "{e}");
+    }
+}
