@@ -1,5 +1,6 @@
 //! The `strata` binary: command-line parsing and wiring. The work lives in the crates.
 
+mod image_cmd;
 mod mount_cmd;
 mod snapshotter_cmd;
 mod tier_cmd;
@@ -25,6 +26,8 @@ enum Command {
     Tier(tier_cmd::TierArgs),
     /// Mount a bucket prefix (or a local directory) read-only through the tiered cache.
     Mount(Box<mount_cmd::MountArgs>),
+    /// Inspect the image layers the daemon's snapshotter serves.
+    Image(image_cmd::ImageArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -63,6 +66,7 @@ fn main() -> std::process::ExitCode {
             Command::Daemon(args) => daemon(args).await,
             Command::Tier(args) => tier_cmd::run(args).await,
             Command::Mount(args) => mount_cmd::run(*args, shutdown_signal()).await,
+            Command::Image(args) => image_cmd::run(args).await,
         }
     });
     match result {
@@ -113,7 +117,8 @@ async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
         shutdown_signal().await;
         let _ = stop_tx.send(true);
     });
-    let served = agent.run(stopped()).await;
+    let extra = snapshots.as_ref().map(|s| s.routes()).unwrap_or_default();
+    let served = agent.run_with(stopped(), extra).await;
     mount_cmd::unmount_all(mounts).await;
     if let Some(running) = snapshots {
         running.finish().await?;

@@ -43,6 +43,9 @@ pub async fn start(
         let opts = RemoteOptions {
             max_toc_size: cfg.max_toc_size.0,
             memory_budget: cfg.layer_memory_budget.0,
+            prefetch_timeout: cfg.prefetch_timeout.0,
+            prefetch_async_size: cfg.prefetch_async_size.0,
+            background_fetch: cfg.background_fetch,
             ..RemoteOptions::default()
         };
         let lazy = Arc::new(Lazy::new(registry, agent.cache.clone(), opts));
@@ -66,6 +69,24 @@ pub async fn start(
 }
 
 impl Running {
+    /// The admin routes the snapshotter adds: its layer reports (`strata image layers`).
+    pub fn routes(&self) -> axum::Router {
+        let lazy = self.lazy.clone();
+        axum::Router::new().route(
+            strata_snapshotter::report::LAYERS_PATH,
+            axum::routing::get(move || {
+                let lazy = lazy.clone();
+                async move {
+                    let reports = match &lazy {
+                        Some(l) => l.report().await,
+                        None => Vec::new(),
+                    };
+                    axum::Json(reports)
+                }
+            }),
+        )
+    }
+
     /// Waits for the server to stop, then unmounts the lazy layers.
     pub async fn finish(self) -> anyhow::Result<()> {
         let served = self.task.await?;

@@ -17,10 +17,15 @@ struct Node {
 
 impl Node {
     fn start() -> Node {
+        Node::start_with("")
+    }
+
+    /// A node whose `[snapshotter]` section also has `extra`.
+    fn start_with(extra: &str) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("strata-snapshotter.sock");
         let daemon = Daemon::start(
-            &format!("[snapshotter]\nenabled = true\nsocket = \"{}\"\n", socket.display()),
+            &format!("[snapshotter]\nenabled = true\nsocket = \"{}\"\n{extra}\n", socket.display()),
             "1GiB",
             "1GiB",
         );
@@ -30,6 +35,30 @@ impl Node {
 
     fn ctr(&self, args: &[&str]) -> String {
         self.containerd.ctr_ok(args, &self.daemon.log())
+    }
+
+    /// `strata image layers --json`, from the daemon's admin socket.
+    fn layers_report(&self) -> Vec<serde_json::Value> {
+        let out = std::process::Command::new(BIN)
+            .args(["image", "layers", "--json", "--socket"])
+            .arg(&self.daemon.socket)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "strata image layers: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// The report of layer `digest`, once `done` holds for it (at most 30 s).
+    fn layer_when(&self, digest: &str, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let report = self.layers_report();
+            if let Some(l) = report.iter().find(|l| l["layer"] == digest && done(l)) {
+                return l.clone();
+            }
+            assert!(std::time::Instant::now() < deadline, "layer {digest} never got there: {report:#?}");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
     }
 
     fn snapshots_root(&self) -> PathBuf {
@@ -351,6 +380,48 @@ fn an_estargz_image_pulls_lazily_and_runs() {
         assert_eq!(whole_downloads(mark, d), 0, "layer {d} was read in ranges only");
     }
     assert!(mounts_before <= lazy_mounts().len());
+
+    // `strata image layers`: both lazy; the background fill brings every chunk in, and each
+    // chunk's bytes came from the registry once.
+    for d in &layers {
+        let l = node.layer_when(d, |l| l["background"] == "done");
+        assert_eq!(l["lazy"], true);
+        assert_eq!(l["prefetch"], "none", "ctr-remote wrote .no.prefetch.landmark");
+        assert_eq!(l["chunks_cached"], l["chunks_total"], "{l:#}");
+        let (fetched, size) = (l["fetched_bytes"].as_u64().unwrap(), l["blob_size"].as_u64().unwrap());
+        assert!(fetched > 0 && fetched <= size, "fetched {fetched} of {size}");
+    }
+    let out = std::process::Command::new(BIN)
+        .args(["image", "layers", "--socket"])
+        .arg(&node.daemon.socket)
+        .output()
+        .unwrap();
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.contains("lazy") && table.contains(&layers[0]["sha256:".len()..][..12]), "{table}");
+}
+
+#[test]
+#[ignore = "needs root, containerd, runc, ctr-remote and the test registry: run by .ci/run"]
+fn the_prefetch_region_is_fetched_before_the_pull_returns_and_serves_the_start() {
+    // No background fill, so only the prefetch and the container's own reads fetch anything.
+    let node = Node::start_with("background_fetch = false");
+    let image = node.rpull("busybox:esgz-prefetch");
+    let layers = node.layer_digests("busybox:esgz-prefetch");
+    let reports = node.layers_report();
+    let base = reports.iter().find(|l| l["layer"] == layers[0].as_str()).unwrap_or_else(|| panic!("{reports:#?}"));
+    assert_eq!(base["prefetch"], "done", "Prepare waited for the prefetch: {base:#}");
+    let prefetch = base["prefetch_bytes"].as_u64().unwrap();
+    let fetched = base["fetched_bytes"].as_u64().unwrap();
+    assert!(fetched > 0 && fetched <= prefetch, "the prefetch region, and no more: {base:#}");
+    assert!(prefetch > std::fs::metadata("/bin/busybox").unwrap().len() / 4, "busybox precedes the landmark");
+
+    // Running busybox needs nothing more of the base layer from the registry.
+    let mark = log_mark();
+    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "prefetched", "busybox", "echo", "hi"]);
+    assert_eq!(out, "hi\n");
+    let log = registry_log();
+    let base_reads: Vec<&str> = log[mark..].lines().filter(|l| l.contains(&format!("/blobs/{} ", layers[0]))).collect();
+    assert!(base_reads.is_empty(), "the start-up reads were all prefetched: {base_reads:#?}\n{}", node.daemon.log());
 }
 
 #[test]

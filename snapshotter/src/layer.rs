@@ -40,8 +40,18 @@ pub struct Blob {
     pub registry: Arc<Registry>,
     pub image: ImageRef,
     pub digest: String,
+    /// The blob's size in bytes.
+    pub size: u64,
     /// Compressed bytes fetched for chunks so far.
     pub fetched: AtomicU64,
+    /// Chunk fetches for reads in progress; background fill waits while there are any.
+    pub demand: std::sync::atomic::AtomicUsize,
+}
+
+impl Blob {
+    pub fn new(registry: Arc<Registry>, image: ImageRef, digest: String, size: u64) -> Blob {
+        Blob { registry, image, digest, size, fetched: AtomicU64::new(0), demand: Default::default() }
+    }
 }
 
 /// A regular file's chunks, and where each chunk digest sits among them.
@@ -55,6 +65,9 @@ struct FileData {
 #[derive(Debug)]
 struct Tree {
     describe: String,
+    landmark: estargz::Landmark,
+    /// Every distinct chunk with a file it belongs to, in blob order.
+    pieces: Vec<(String, Chunk)>,
     root: Node,
     dirs: HashMap<String, Vec<Node>>,
     files: HashMap<String, Arc<FileData>>,
@@ -103,8 +116,20 @@ impl LayerNamespace {
                 SystemTime::UNIX_EPOCH - Duration::from_secs(s.unsigned_abs())
             }
         };
+        let mut pieces: Vec<(String, Chunk)> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for e in &toc.entries {
+            for c in &e.chunks {
+                if seen.insert(c.digest.clone()) {
+                    pieces.push((e.path.clone(), c.clone()));
+                }
+            }
+        }
+        pieces.sort_by_key(|(_, c)| (c.offset, c.inner_offset));
         let mut tree = Tree {
             describe: describe.clone(),
+            landmark: toc.landmark,
+            pieces,
             root: Node {
                 name: String::new(),
                 kind: NodeKind::Dir,
@@ -199,15 +224,13 @@ impl LayerNamespace {
         &self.blob
     }
 
-    /// Every regular file's path with its chunk keys, for prefetch and background fetch.
-    pub fn all_chunks(&self) -> Vec<(String, ChunkKey)> {
-        let mut out: Vec<(String, ChunkKey)> = Vec::new();
-        for (path, f) in &self.tree.files {
-            for c in &f.chunks {
-                out.push((path.clone(), ChunkKey::digest(path.clone(), c.digest.clone())));
-            }
-        }
-        out
+    /// Every distinct chunk of the layer, with a file it belongs to, in blob order.
+    pub fn pieces(&self) -> Vec<(String, Chunk)> {
+        self.tree.pieces.clone()
+    }
+
+    pub fn landmark(&self) -> estargz::Landmark {
+        self.tree.landmark
     }
 }
 
@@ -285,6 +308,14 @@ impl Namespace for LayerNamespace {
     }
 }
 
+struct DemandGuard(Arc<Blob>);
+
+impl Drop for DemandGuard {
+    fn drop(&mut self) {
+        self.0.demand.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Fetches the chunks of one file: the compressed range, then decompression and the digest
 /// check. Only verified bytes are returned, so only verified bytes are ever cached.
 struct LayerFetcher {
@@ -313,6 +344,9 @@ impl Fetcher for LayerFetcher {
             self.file.as_ref().and_then(|f| f.by_digest.get(&digest).map(|&i| (f.path.clone(), f.chunks[i].clone())));
         Box::pin(async move {
             let (path, chunk) = chunk.ok_or_else(|| Arc::new(ChunkFetchError::Unknown(digest)) as FetchError)?;
+            // Counted while it runs, so background fill stands aside.
+            blob.demand.fetch_add(1, Ordering::Relaxed);
+            let _demand = DemandGuard(blob.clone());
             let range = chunk.offset..chunk.compressed_end;
             let compressed = blob
                 .registry

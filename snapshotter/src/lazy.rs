@@ -5,13 +5,17 @@
 //! which containerd fills the usual way, and says why.
 
 use crate::error::SnapshotError;
+use crate::fill::{self, Progress};
+use crate::layer::Blob;
 use crate::model::Mount;
 use crate::overlay::Snapshotter;
 use crate::registry::{ImageRef, Registry};
 use crate::remote::{RemoteOptions, mount_layer, open_layer};
-use std::collections::{BTreeMap, HashMap};
+use crate::report::LayerReport;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use strata_cachefs::Mounted;
 use strata_tiering::TieredCache;
 use tokio::sync::Mutex;
@@ -61,6 +65,19 @@ pub enum Prepared {
     Local(Vec<Mount>),
 }
 
+/// A mounted lazy layer: its mount, and what the report shows of it.
+#[derive(Debug)]
+struct Live {
+    mount: Mounted,
+    snapshot: String,
+    blob: Arc<Blob>,
+    progress: Arc<Progress>,
+    prefetch_bytes: Option<u64>,
+}
+
+/// Layers that were downloaded instead of mounted lazily, most recent last, for the report.
+const REFUSED_KEPT: usize = 256;
+
 /// The lazy-layer half of the snapshotter: the registry, the shared cache, and the layers
 /// mounted now, by snapshot id.
 #[derive(Debug)]
@@ -68,7 +85,8 @@ pub struct Lazy {
     registry: Arc<Registry>,
     cache: TieredCache,
     opts: RemoteOptions,
-    mounts: Mutex<HashMap<u64, Mounted>>,
+    mounts: Mutex<HashMap<u64, Live>>,
+    refused: std::sync::Mutex<VecDeque<LayerReport>>,
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
@@ -77,7 +95,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 
 impl Lazy {
     pub fn new(registry: Arc<Registry>, cache: TieredCache, opts: RemoteOptions) -> Lazy {
-        Lazy { registry, cache, opts, mounts: Mutex::new(HashMap::new()) }
+        Lazy { registry, cache, opts, mounts: Mutex::new(HashMap::new()), refused: Default::default() }
     }
 
     /// Prepare for a layer whose labels name an eStargz TOC.
@@ -112,6 +130,7 @@ impl Lazy {
             Ok(s) => s,
             Err(why) => {
                 tracing::warn!(key, "layer not lazy: {why}");
+                self.refuse(&target, "", "", why);
                 return Ok(Prepared::Local(mounts));
             }
         };
@@ -119,10 +138,14 @@ impl Lazy {
             let (inner, key) = (inner.clone(), key.to_owned());
             blocking(move || inner.layer_dir(&key)).await?
         };
-        if let Err(e) = self.mount(id, &dir, &src).await {
-            tracing::warn!(layer = %src.digest, image = %src.image, error = %e, "layer not lazy; containerd will download it");
-            return Ok(Prepared::Local(mounts));
-        }
+        let progress = match self.mount(id, &dir, &src, &target).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(layer = %src.digest, image = %src.image, error = %e, "layer not lazy; containerd will download it");
+                self.refuse(&target, &src.image.to_string(), &src.digest, e.to_string());
+                return Ok(Prepared::Local(mounts));
+            }
+        };
         let mut commit_labels = labels;
         commit_labels.insert(REMOTE_LABEL.into(), REMOTE_VALUE.into());
         let committed = {
@@ -132,6 +155,13 @@ impl Lazy {
         match committed {
             Ok(()) => {
                 tracing::info!(layer = %src.digest, image = %src.image, snapshot = %target, "layer mounted lazily");
+                // The container starts once what the image marked for start-up is here, unless
+                // that is too much to wait for.
+                if let Some((size, true)) = progress.1.map(|s| (s, s <= self.opts.prefetch_async_size))
+                    && !progress.0.prefetched(self.opts.prefetch_timeout).await
+                {
+                    tracing::warn!(layer = %src.digest, bytes = size, "prefetch not done in time; the container starts anyway");
+                }
                 Ok(Prepared::Remote { target })
             }
             Err(e) => {
@@ -147,19 +177,82 @@ impl Lazy {
         }
     }
 
-    async fn mount(&self, id: u64, dir: &Path, src: &LayerSource) -> Result<(), crate::remote::RemoteError> {
+    /// Mounts the layer and starts its fill. Returns its progress and prefetch size.
+    async fn mount(
+        &self,
+        id: u64,
+        dir: &Path,
+        src: &LayerSource,
+        snapshot: &str,
+    ) -> Result<(Arc<Progress>, Option<u64>), crate::remote::RemoteError> {
         let ns = open_layer(self.registry.clone(), &src.image, &src.digest, &src.toc_digest, &self.opts).await?;
-        let mounted = mount_layer(ns, self.cache.clone(), dir, &self.opts).await?;
-        if let Some(old) = self.mounts.lock().await.insert(id, mounted) {
-            let _ = blocking(move || old.unmount()).await;
+        let blob = ns.blob().clone();
+        let prefetch_bytes = fill::prefetch_size(&ns);
+        let progress = Arc::new(Progress::new(ns.pieces().len() as u64));
+        let mounted = mount_layer(ns.clone(), self.cache.clone(), dir, &self.opts).await?;
+        tokio::spawn(fill::fill(ns, self.cache.clone(), progress.clone(), self.opts.background_fetch));
+        let live =
+            Live { mount: mounted, snapshot: snapshot.to_owned(), blob, progress: progress.clone(), prefetch_bytes };
+        if let Some(old) = self.mounts.lock().await.insert(id, live) {
+            let _ = blocking(move || old.mount.unmount()).await;
         }
-        Ok(())
+        Ok((progress, prefetch_bytes))
+    }
+
+    fn refuse(&self, snapshot: &str, image: &str, layer: &str, reason: String) {
+        let mut r = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+        if r.len() == REFUSED_KEPT {
+            r.pop_front();
+        }
+        r.push_back(LayerReport {
+            snapshot: snapshot.to_owned(),
+            image: image.to_owned(),
+            layer: layer.to_owned(),
+            lazy: false,
+            reason: Some(reason),
+            blob_size: 0,
+            fetched_bytes: 0,
+            prefetch: fill::Stage::None,
+            prefetch_bytes: None,
+            background: fill::Stage::None,
+            chunks_total: 0,
+            chunks_cached: 0,
+            error: None,
+        });
+    }
+
+    /// Every lazy layer mounted now, then the layers that were downloaded instead.
+    pub async fn report(&self) -> Vec<LayerReport> {
+        let mut out: Vec<LayerReport> = self
+            .mounts
+            .lock()
+            .await
+            .values()
+            .map(|l| LayerReport {
+                snapshot: l.snapshot.clone(),
+                image: l.blob.image.to_string(),
+                layer: l.blob.digest.clone(),
+                lazy: true,
+                reason: None,
+                blob_size: l.blob.size,
+                fetched_bytes: l.blob.fetched.load(Ordering::Relaxed),
+                prefetch: l.progress.prefetch(),
+                prefetch_bytes: l.prefetch_bytes,
+                background: l.progress.background(),
+                chunks_total: l.progress.chunks_total.load(Ordering::Relaxed),
+                chunks_cached: l.progress.chunks_cached.load(Ordering::Relaxed),
+                error: l.progress.error(),
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.image, &a.snapshot).cmp(&(&b.image, &b.snapshot)));
+        out.extend(self.refused.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned());
+        out
     }
 
     /// Ends the mount of snapshot `id`, if it has one.
     pub async fn unmount(&self, id: u64) {
         if let Some(m) = self.mounts.lock().await.remove(&id)
-            && let Err(e) = blocking(move || m.unmount()).await
+            && let Err(e) = blocking(move || m.mount.unmount()).await
         {
             tracing::warn!(id, error = %e, "unmounting a lazy layer failed");
         }
@@ -184,7 +277,7 @@ impl Lazy {
                 blocking(move || inner.layer_dir(&name)).await?.1
             };
             clear_dead_mount(&dir).await;
-            self.mount(id, &dir, &src).await.map_err(|e| unavailable(e.to_string()))?;
+            self.mount(id, &dir, &src, &name).await.map_err(|e| unavailable(e.to_string()))?;
             tracing::info!(snapshot = %name, "remote layer mounted again");
         }
         Ok(())
@@ -217,7 +310,7 @@ impl Lazy {
 
     /// Unmounts every layer, at shutdown.
     pub async fn unmount_all(&self) {
-        let all: Vec<Mounted> = self.mounts.lock().await.drain().map(|(_, m)| m).collect();
+        let all: Vec<Mounted> = self.mounts.lock().await.drain().map(|(_, l)| l.mount).collect();
         for m in all {
             let _ = blocking(move || m.unmount()).await;
         }

@@ -5,6 +5,7 @@
 
 pub mod error;
 pub mod estargz;
+pub mod fill;
 pub mod filter;
 pub mod layer;
 pub mod lazy;
@@ -13,6 +14,7 @@ pub mod overlay;
 pub mod proto;
 pub mod registry;
 pub mod remote;
+pub mod report;
 pub mod server;
 pub mod service;
 pub mod store;

@@ -6,7 +6,6 @@ use crate::layer::{Blob, LayerError, LayerNamespace};
 use crate::registry::{ImageRef, Registry, RegistryError};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 use strata_cachefs::fuse::KernelTtl;
 use strata_cachefs::{FsOptions, MountError, MountOptions, Mounted};
@@ -46,11 +45,24 @@ pub struct RemoteOptions {
     /// Bytes of chunk reads in flight per mounted layer.
     pub memory_budget: u64,
     pub threads: usize,
+    /// How long Prepare waits for a layer's prefetch region before letting the container start.
+    pub prefetch_timeout: Duration,
+    /// A prefetch region larger than this is fetched without making Prepare wait for it.
+    pub prefetch_async_size: u64,
+    /// Fetch the rest of each layer in the background, after the prefetch.
+    pub background_fetch: bool,
 }
 
 impl Default for RemoteOptions {
     fn default() -> Self {
-        RemoteOptions { max_toc_size: 64 << 20, memory_budget: 64 << 20, threads: 2 }
+        RemoteOptions {
+            max_toc_size: 64 << 20,
+            memory_budget: 64 << 20,
+            threads: 2,
+            prefetch_timeout: Duration::from_secs(10),
+            prefetch_async_size: 512 << 20,
+            background_fetch: true,
+        }
     }
 }
 
@@ -74,7 +86,7 @@ pub async fn open_layer(
         .await
         .map_err(|e| fmt_err(FormatError::TocMember(e.to_string())))?
         .map_err(fmt_err)?;
-    let blob = Arc::new(Blob { registry, image: image.clone(), digest: digest.to_owned(), fetched: AtomicU64::new(0) });
+    let blob = Arc::new(Blob::new(registry, image.clone(), digest.to_owned(), size));
     Ok(LayerNamespace::new(&toc, blob)?)
 }
 

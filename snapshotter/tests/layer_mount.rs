@@ -169,8 +169,7 @@ async fn a_chunk_that_does_not_match_its_digest_is_an_io_error_not_wrong_bytes()
     let busybox = toc.entries.iter_mut().find(|e| e.path == "bin/busybox").unwrap();
     let good: Vec<u8> = std::fs::read("/bin/busybox").unwrap();
     busybox.chunks[3].digest = estargz::sha256_digest(b"not these bytes");
-    let blob =
-        Arc::new(Blob { registry: reg.clone(), image, digest: layer.digest.clone(), fetched: Default::default() });
+    let blob = Arc::new(Blob::new(reg.clone(), image, layer.digest.clone(), layer.size));
     let ns = LayerNamespace::new(&toc, blob).unwrap();
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();

@@ -5,8 +5,9 @@
 #   1. busybox-static as /bin/busybox with its applet links;
 #   2. /etc/motd ("strata layer two"), and /bin/vi deleted (a whiteout).
 # and its eStargz conversions by stargz-snapshotter's own ctr-remote (run in a containerd of
-# its own under WORKDIR): :esgz (default 4 MiB chunks) and :esgz-64k (64 KiB chunks, so that
-# files span many chunks),  and :esgz and :bad-toc of strata/specials:1 (below).
+# its own under WORKDIR): :esgz (default 4 MiB chunks), :esgz-64k (64 KiB chunks, so that files
+# span many chunks) and :esgz-prefetch (with a prefetch landmark); and :esgz and :bad-toc of
+# strata/specials:1 (below).
 set -euo pipefail
 
 REGISTRY=${1:?registry host:port}; WORK=${2:?work dir}
@@ -78,9 +79,14 @@ SRC=$REGISTRY/strata/busybox:1
 remote image pull --plain-http "$SRC" >/dev/null
 remote image convert --oci --estargz "$SRC" "$REGISTRY/strata/busybox:esgz" >/dev/null
 remote image convert --oci --estargz --estargz-chunk-size 65536 "$SRC" "$REGISTRY/strata/busybox:esgz-64k" >/dev/null
+# :esgz-prefetch: /bin/busybox recorded as read at start-up, so it goes before .prefetch.landmark
+# (what `ctr-remote image optimize` records by running the image, given here by hand).
+MANIFEST=$(remote image ls 2>/dev/null | awk -v ref="$SRC" '$1 == ref {print $3}')
+printf '{"path":"bin/busybox","manifestDigest":"%s","layerIndex":0}\n' "$MANIFEST" >"$WORK/record.json"
+remote image convert --oci --estargz --estargz-record-in "$WORK/record.json" "$SRC" "$REGISTRY/strata/busybox:esgz-prefetch" >/dev/null
 remote image pull --plain-http "$REGISTRY/strata/specials:1" >/dev/null
 remote image convert --oci --estargz "$REGISTRY/strata/specials:1" "$REGISTRY/strata/specials:esgz" >/dev/null
-for ref in busybox:esgz busybox:esgz-64k specials:esgz; do
+for ref in busybox:esgz busybox:esgz-64k busybox:esgz-prefetch specials:esgz; do
   remote image push --plain-http "$REGISTRY/strata/$ref" >/dev/null
   echo "images: pushed $REGISTRY/strata/$ref (eStargz by ctr-remote)" >&2
 done

@@ -55,6 +55,15 @@ impl Agent {
     }
 
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), AgentError> {
+        self.run_with(shutdown, axum::Router::new()).await
+    }
+
+    /// As [`Agent::run`], with `extra` routes on the admin socket (the snapshotter's reports).
+    pub async fn run_with(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+        extra: axum::Router,
+    ) -> Result<(), AgentError> {
         let socket = self.config.admin.socket.clone();
         let listener = bind_socket(&socket).await?;
         let mut registry = Registry::default();
@@ -116,7 +125,7 @@ impl Agent {
         info!(socket = %socket.display(), cold = self.source.describe(), "strata daemon ready");
         let mut rx = stop_rx.clone();
         let admin = tokio::spawn(async move {
-            axum::serve(listener, router(state))
+            axum::serve(listener, router(state).merge(extra))
                 .with_graceful_shutdown(async move {
                     let _ = rx.wait_for(|s| *s).await;
                 })

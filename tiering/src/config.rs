@@ -66,6 +66,15 @@ pub struct SnapshotterConfig {
     /// Bytes of chunk reads in flight per mounted layer.
     #[serde(default = "default_layer_memory")]
     pub layer_memory_budget: ByteSize,
+    /// How long a layer's Prepare waits for its prefetch region (before `.prefetch.landmark`).
+    #[serde(default = "default_prefetch_timeout")]
+    pub prefetch_timeout: Dur,
+    /// A prefetch region larger than this is fetched without holding the container back.
+    #[serde(default = "default_prefetch_async")]
+    pub prefetch_async_size: ByteSize,
+    /// After the prefetch, fetch the rest of each lazy layer in the background.
+    #[serde(default = "yes")]
+    pub background_fetch: bool,
 }
 
 impl Default for SnapshotterConfig {
@@ -79,6 +88,9 @@ impl Default for SnapshotterConfig {
             docker_config: default_docker_config(),
             max_toc_size: default_max_toc(),
             layer_memory_budget: default_layer_memory(),
+            prefetch_timeout: default_prefetch_timeout(),
+            prefetch_async_size: default_prefetch_async(),
+            background_fetch: true,
         }
     }
 }
@@ -97,6 +109,14 @@ fn default_max_toc() -> ByteSize {
 
 fn default_layer_memory() -> ByteSize {
     ByteSize::mib(64)
+}
+
+fn default_prefetch_timeout() -> Dur {
+    Dur(std::time::Duration::from_secs(10))
+}
+
+fn default_prefetch_async() -> ByteSize {
+    ByteSize::mib(512)
 }
 
 fn default_snapshotter_socket() -> PathBuf {

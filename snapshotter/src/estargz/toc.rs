@@ -214,6 +214,9 @@ pub fn parse_toc(json: &[u8], toc_offset: u64) -> Result<Toc, FormatError> {
     }
     let mut b = Builder::default();
     let mut landmark = Landmark::None;
+    // Members that start where no file's chunk does (the landmarks' own) still end the chunk
+    // before them.
+    let mut other_starts = Vec::new();
     // Names a TOC gives only when they change for a uid or gid.
     let mut user_names: HashMap<i64, String> = HashMap::new();
     let mut group_names: HashMap<i64, String> = HashMap::new();
@@ -237,6 +240,9 @@ pub fn parse_toc(json: &[u8], toc_offset: u64) -> Result<Toc, FormatError> {
             continue;
         }
         if path == PREFETCH_LANDMARK || path == NO_PREFETCH_LANDMARK {
+            if r.offset > 0 {
+                other_starts.push(r.offset as u64);
+            }
             landmark = if path == PREFETCH_LANDMARK {
                 Landmark::Prefetch { offset: non_negative(&r.name, "offset", r.offset)? }
             } else {
@@ -318,7 +324,7 @@ pub fn parse_toc(json: &[u8], toc_offset: u64) -> Result<Toc, FormatError> {
         b.finish_file(i)?;
     }
     let mut entries = b.entries;
-    set_compressed_ends(&mut entries, toc_offset)?;
+    set_compressed_ends(&mut entries, toc_offset, &other_starts)?;
     if let Landmark::Prefetch { offset } = landmark
         && offset > toc_offset
     {
@@ -477,9 +483,14 @@ impl Builder {
 
 /// Each chunk's compressed range ends where the next chunk in blob order starts a new member
 /// (chunks sharing a member differ only by inner offset), and the last ends at the TOC.
-fn set_compressed_ends(entries: &mut [Entry], toc_offset: u64) -> Result<(), FormatError> {
-    let mut starts: Vec<u64> =
-        entries.iter().flat_map(|e| e.chunks.iter()).filter(|c| c.inner_offset == 0).map(|c| c.offset).collect();
+fn set_compressed_ends(entries: &mut [Entry], toc_offset: u64, other_starts: &[u64]) -> Result<(), FormatError> {
+    let mut starts: Vec<u64> = entries
+        .iter()
+        .flat_map(|e| e.chunks.iter())
+        .filter(|c| c.inner_offset == 0)
+        .map(|c| c.offset)
+        .chain(other_starts.iter().copied())
+        .collect();
     starts.sort_unstable();
     starts.dedup();
     for e in entries.iter_mut() {
@@ -557,6 +568,21 @@ mod tests {
             decode_chunk("etc/motd", c, &b.blob[c.offset as usize..c.compressed_end as usize]).unwrap(),
             b"hello\n"
         );
+    }
+
+    #[test]
+    fn a_landmark_member_ends_the_chunk_before_it() {
+        let d = super::super::sha256_digest(b"abcd");
+        let json = serde_json::to_vec(&json!({"version": 1, "entries": [
+            {"name": "a", "type": "reg", "size": 4, "offset": 10, "chunkDigest": d},
+            {"name": ".prefetch.landmark", "type": "reg", "size": 1, "offset": 100, "chunkDigest": d},
+            {"name": "b", "type": "reg", "size": 4, "offset": 150, "chunkDigest": d},
+        ]}))
+        .unwrap();
+        let toc = parse_toc(&json, 200).unwrap();
+        assert_eq!(toc.landmark, Landmark::Prefetch { offset: 100 });
+        assert_eq!(entry(&toc, "a").chunks[0].compressed_end, 100, "the prefetch region holds all of a");
+        assert_eq!(entry(&toc, "b").chunks[0].compressed_end, 200);
     }
 
     #[test]

@@ -1,0 +1,194 @@
+//! Filling a lazy layer: the prefetch region (everything before `.prefetch.landmark`) in one
+//! ranged read, then the rest of the layer in the background, in blob order and in large
+//! ranges, always yielding to reads a container is waiting on. Every chunk is checked against
+//! its digest before it is cached, and chunks already cached are skipped.
+
+use crate::estargz::{self, Chunk, Landmark};
+use crate::layer::{Blob, LayerNamespace};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use strata_tiering::{ChunkKey, TierKind, TieredCache};
+use tokio::sync::watch;
+
+/// Compressed bytes one background request covers at most.
+const GROUP_BYTES: u64 = 8 << 20;
+
+/// Where a fill stage is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    /// Nothing to do (no landmark; background fill turned off).
+    None,
+    Waiting,
+    Running,
+    Done,
+    Failed,
+}
+
+/// Progress of one layer's fill, as `strata image layers` shows it.
+#[derive(Debug)]
+pub struct Progress {
+    pub chunks_total: AtomicU64,
+    pub chunks_cached: AtomicU64,
+    prefetch: watch::Sender<Stage>,
+    background: watch::Sender<Stage>,
+    error: Mutex<Option<String>>,
+}
+
+impl Progress {
+    pub fn new(chunks_total: u64) -> Progress {
+        Progress {
+            chunks_total: AtomicU64::new(chunks_total),
+            chunks_cached: AtomicU64::new(0),
+            prefetch: watch::Sender::new(Stage::Waiting),
+            background: watch::Sender::new(Stage::Waiting),
+            error: Mutex::new(None),
+        }
+    }
+
+    pub fn prefetch(&self) -> Stage {
+        *self.prefetch.borrow()
+    }
+
+    pub fn background(&self) -> Stage {
+        *self.background.borrow()
+    }
+
+    pub fn error(&self) -> Option<String> {
+        self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Waits until the prefetch is over (done, failed or not needed), at most `limit`.
+    /// Returns whether it is over.
+    pub async fn prefetched(&self, limit: Duration) -> bool {
+        let mut rx = self.prefetch.subscribe();
+        tokio::time::timeout(limit, rx.wait_for(|s| !matches!(s, Stage::Waiting | Stage::Running))).await.is_ok()
+    }
+
+    fn fail(&self, stage: &watch::Sender<Stage>, why: String) {
+        *self.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        stage.send_replace(Stage::Failed);
+    }
+}
+
+/// The compressed bytes the landmark asks to have before a container starts, if any.
+pub fn prefetch_size(ns: &LayerNamespace) -> Option<u64> {
+    match ns.landmark() {
+        Landmark::Prefetch { offset } => Some(offset),
+        _ => None,
+    }
+}
+
+/// Runs the prefetch, then (if `background`) the rest of the layer.
+pub async fn fill(ns: LayerNamespace, cache: TieredCache, progress: Arc<Progress>, background: bool) {
+    let pieces = ns.pieces();
+    let blob = ns.blob().clone();
+    match prefetch_size(&ns) {
+        Some(end) => {
+            progress.prefetch.send_replace(Stage::Running);
+            let region: Vec<&(String, Chunk)> = pieces.iter().filter(|(_, c)| c.compressed_end <= end).collect();
+            match fetch_group(&blob, &cache, &region, &progress).await {
+                Ok(()) => {
+                    progress.prefetch.send_replace(Stage::Done);
+                }
+                Err(e) => {
+                    tracing::warn!(layer = %blob.digest, error = %e, "prefetch failed; reads fetch on demand");
+                    progress.fail(&progress.prefetch, e.to_string());
+                }
+            }
+        }
+        None => {
+            progress.prefetch.send_replace(Stage::None);
+        }
+    }
+    if !background {
+        progress.background.send_replace(Stage::None);
+        return;
+    }
+    progress.background.send_replace(Stage::Running);
+    // Consecutive chunks, as many as fit in one request.
+    let mut groups: Vec<Vec<&(String, Chunk)>> = Vec::new();
+    for piece in &pieces {
+        let fits = groups
+            .last()
+            .and_then(|g| g.first())
+            .is_some_and(|first| piece.1.compressed_end - first.1.offset <= GROUP_BYTES);
+        match groups.last_mut() {
+            Some(g) if fits => g.push(piece),
+            _ => groups.push(vec![piece]),
+        }
+    }
+    for group in &groups {
+        if let Err(e) = background_group(&blob, &cache, group, &progress).await {
+            tracing::warn!(layer = %blob.digest, error = %e, "background fetch stopped; reads fetch on demand");
+            progress.fail(&progress.background, e.to_string());
+            return;
+        }
+    }
+    progress.background.send_replace(Stage::Done);
+}
+
+/// A background range, fetched only when no container read is waiting on this layer.
+async fn background_group(
+    blob: &Arc<Blob>,
+    cache: &TieredCache,
+    group: &[&(String, Chunk)],
+    progress: &Progress,
+) -> Result<(), FillError> {
+    while blob.demand.load(Ordering::Relaxed) > 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    fetch_group(blob, cache, group, progress).await
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FillError {
+    #[error(transparent)]
+    Registry(#[from] crate::registry::RegistryError),
+    #[error(transparent)]
+    Format(#[from] estargz::FormatError),
+}
+
+/// Fetches the compressed range that covers `group` in one request, and caches each of its
+/// chunks that is not cached yet.
+async fn fetch_group(
+    blob: &Arc<Blob>,
+    cache: &TieredCache,
+    group: &[&(String, Chunk)],
+    progress: &Progress,
+) -> Result<(), FillError> {
+    let key = |(path, c): &(String, Chunk)| ChunkKey::digest(path.clone(), c.digest.clone());
+    let missing: Vec<&(String, Chunk)> = group
+        .iter()
+        .copied()
+        .filter(|p| {
+            let cached = cache.location(&key(p)).is_some();
+            if cached {
+                progress.chunks_cached.fetch_add(1, Ordering::Relaxed);
+            }
+            !cached
+        })
+        .collect();
+    let (Some(first), Some(end)) = (missing.first(), missing.iter().map(|(_, c)| c.compressed_end).max()) else {
+        return Ok(());
+    };
+    let start = first.1.offset;
+    let bytes = blob.registry.blob_range(&blob.image, &blob.digest, start..end).await?;
+    blob.fetched.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    for piece in missing {
+        let (path, c) = piece;
+        let slice = bytes.slice((c.offset - start) as usize..(c.compressed_end - start) as usize);
+        let (p, chunk) = (path.clone(), c.clone());
+        let data = tokio::task::spawn_blocking(move || estargz::decode_chunk(&p, &chunk, &slice))
+            .await
+            .map_err(|e| estargz::FormatError::TocMember(e.to_string()))??;
+        // A full tier is not the layer's problem: the chunk is fetched again when read.
+        if let Err(e) = cache.put(key(piece), data.into(), TierKind::Hot).await {
+            tracing::debug!(error = %e, "a filled chunk was not cached");
+        }
+        progress.chunks_cached.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(())
+}
