@@ -22,6 +22,15 @@ impl Node {
 
     /// A node whose `[snapshotter]` section also has `extra`.
     fn start_with(extra: &str) -> Node {
+        Node::start_full(extra, false)
+    }
+
+    /// A node whose containerd also runs its CRI plugin, as on a Kubernetes node.
+    fn start_cri() -> Node {
+        Node::start_full("", true)
+    }
+
+    fn start_full(extra: &str, cri: bool) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("strata-snapshotter.sock");
         let daemon = Daemon::start(
@@ -29,7 +38,7 @@ impl Node {
             "1GiB",
             "1GiB",
         );
-        let containerd = Containerd::start(dir.path(), &socket);
+        let containerd = Containerd::start_with(dir.path(), &socket, cri);
         Node { daemon, containerd, _dir: dir }
     }
 
@@ -465,4 +474,26 @@ fn a_layer_whose_toc_does_not_match_is_downloaded_instead_and_named() {
     assert_eq!(whole_downloads(mark, &layers[2]), 1, "containerd downloaded the refused layer, once");
     let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "bad-toc", "cat", "/opt/file", "/etc/motd"]);
     assert_eq!(out, "linked content\nstrata layer two\n", "lazy and downloaded layers stack and run");
+}
+
+#[tokio::test]
+#[ignore = "needs root, containerd, runc and the test registry: run by .ci/run"]
+async fn a_pull_through_cri_is_lazy_too() {
+    use strata_snapshotter::proto::cri::{ImageSpec, PullImageRequest, image_service_client::ImageServiceClient};
+    let node = Node::start_cri();
+    let mark = log_mark();
+    let image = format!("{}/strata/busybox:esgz", registry());
+    // As kubelet does it: the CRI image service on containerd's socket.
+    let channel = strata_snapshotter::server::channel(&node.containerd.address).await.unwrap();
+    let request = PullImageRequest { image: Some(ImageSpec { image: image.clone(), ..Default::default() }) };
+    let pulled = ImageServiceClient::new(channel).pull_image(request).await;
+    let pulled =
+        pulled.unwrap_or_else(|e| panic!("CRI PullImage: {e}\n{}\n{}", node.containerd.log(), node.daemon.log()));
+    assert!(pulled.into_inner().image_ref.starts_with("sha256:"));
+    let metrics = node.daemon.metrics_text();
+    assert!(metrics.contains("strata_snapshotter_layers_total{how=\"lazy\"} 2"), "{metrics}");
+    for d in &node.layer_digests("busybox:esgz") {
+        assert_eq!(whole_downloads(mark, d), 0, "containerd downloaded layer {d}");
+        node.layer_when(d, |l| l["lazy"] == true);
+    }
 }

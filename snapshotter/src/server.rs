@@ -58,15 +58,19 @@ pub async fn serve(
     Ok(served?)
 }
 
-/// A client of the Snapshots service at `socket`.
-pub async fn connect(socket: &Path) -> Result<SnapshotsClient<Channel>, tonic::transport::Error> {
+/// A gRPC channel to the unix socket `socket`.
+pub async fn channel(socket: &Path) -> Result<Channel, tonic::transport::Error> {
     let socket = socket.to_owned();
     // The URI is required by the API but unused: every connection goes to the socket.
-    let channel = Endpoint::from_static("http://[::1]:1")
+    Endpoint::from_static("http://[::1]:1")
         .connect_with_connector(tower::service_fn(move |_| {
             let socket = socket.clone();
             async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(UnixStream::connect(socket).await?)) }
         }))
-        .await?;
-    Ok(SnapshotsClient::new(channel))
+        .await
+}
+
+/// A client of the Snapshots service at `socket`.
+pub async fn connect(socket: &Path) -> Result<SnapshotsClient<Channel>, tonic::transport::Error> {
+    Ok(SnapshotsClient::new(channel(socket).await?))
 }

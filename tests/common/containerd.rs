@@ -29,18 +29,25 @@ pub fn registry_log() -> String {
 }
 
 impl Containerd {
-    /// Starts containerd with `[proxy_plugins.strata]` dialling `snapshotter_socket`.
+    /// Starts containerd with `[proxy_plugins.strata]` dialling `snapshotter_socket`, without
+    /// its CRI plugin.
     pub fn start(dir: &Path, snapshotter_socket: &Path) -> Containerd {
+        Containerd::start_with(dir, snapshotter_socket, false)
+    }
+
+    /// As [`Containerd::start`], with the CRI plugin on as the snippet configures it (images
+    /// pulled through CRI unpack on Strata, with the annotations a lazy pull needs).
+    pub fn start_with(dir: &Path, snapshotter_socket: &Path, cri: bool) -> Containerd {
         let address = dir.join("containerd.sock");
         // The shipped snippet (deploy/containerd/), pointed at this test's socket, with the
-        // daemon's own dirs. The CRI plugin stays off here: these tests drive containerd with ctr.
+        // daemon's own dirs. The CRI plugin is off unless asked for: most tests drive ctr.
         let snippet =
             std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/containerd/config-1.6-1.7.toml"))
                 .unwrap()
                 .replace("/run/strata/snapshotter.sock", &snapshotter_socket.display().to_string());
+        let disabled = if cri { "" } else { "disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n" };
         let own = format!(
-            "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n\
-             disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+            "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n{disabled}\
              [grpc]\n  address = \"{address}\"\n",
             root = dir.join("root").display(),
             state = dir.join("state").display(),
