@@ -247,6 +247,13 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill9();
+        // fusermount3 unmounts a dead daemon's mounts itself, but not always before the temp
+        // dir goes; a mount left under it would keep the dir, and show in /proc/mounts.
+        let prefix = self.dir.path().to_string_lossy().into_owned();
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        for m in mounts.lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| m.starts_with(&prefix)) {
+            let _ = Command::new("umount").arg("-l").arg(m).status();
+        }
     }
 }
 
