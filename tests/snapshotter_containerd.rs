@@ -372,6 +372,10 @@ fn an_estargz_image_pulls_lazily_and_runs() {
     }
     let metrics = node.daemon.metrics_text();
     assert!(metrics.contains("strata_snapshotter_layers_total{how=\"lazy\"} 2"), "{metrics}");
+    // The second layer's TOC was read while containerd prepared the first.
+    let log = node.daemon.log();
+    let second = log.lines().find(|l| l.contains("layer mounted lazily") && l.contains(&layers[1])).unwrap();
+    assert!(second.contains("toc_read_ahead=true"), "{second}");
 
     let out = node.ctr(&[
         "run",

@@ -10,8 +10,10 @@ use crate::layer::Blob;
 use crate::model::Mount;
 use crate::overlay::Snapshotter;
 use crate::registry::{ImageRef, Registry};
-use crate::remote::{RemoteOptions, mount_layer, open_layer};
+use crate::remote::{RemoteError, RemoteOptions, TocMember, build_layer, fetch_toc, mount_layer};
 use crate::report::LayerReport;
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
@@ -30,6 +32,14 @@ const CRI_REF: &str = "containerd.io/snapshot/cri.image-ref";
 const CRI_DIGEST: &str = "containerd.io/snapshot/cri.layer-digest";
 const STARGZ_REF: &str = "containerd.io/snapshot/remote/stargz.reference";
 const STARGZ_DIGEST: &str = "containerd.io/snapshot/remote/stargz.digest";
+/// This layer's digest and those of the layers after it, comma-separated.
+const CRI_LAYERS: &str = "containerd.io/snapshot/cri.image-layers";
+const STARGZ_LAYERS: &str = "containerd.io/snapshot/remote/stargz.layers";
+
+/// TOC reads started ahead of their layer's Prepare; more than this and the oldest go.
+const TOCS_AHEAD: usize = 64;
+
+type TocRead = Shared<BoxFuture<'static, Result<Arc<TocMember>, Arc<RemoteError>>>>;
 
 /// Where a lazy layer comes from, from its snapshot labels.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +85,15 @@ struct Live {
     prefetch_bytes: Option<u64>,
 }
 
+/// What mounting a layer started.
+#[derive(Debug)]
+struct Started {
+    progress: Arc<Progress>,
+    prefetch_bytes: Option<u64>,
+    /// The TOC had been read ahead, while an earlier layer was prepared.
+    toc_read_ahead: bool,
+}
+
 /// Layers that were downloaded instead of mounted lazily, most recent last, for the report.
 const REFUSED_KEPT: usize = 256;
 
@@ -87,6 +106,9 @@ pub struct Lazy {
     opts: RemoteOptions,
     mounts: Mutex<HashMap<u64, Live>>,
     refused: std::sync::Mutex<VecDeque<LayerReport>>,
+    /// TOC reads of the layers containerd will ask for next, started while it asks for this
+    /// one, by layer digest (in start order, for trimming).
+    ahead: std::sync::Mutex<VecDeque<(String, TocRead)>>,
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
@@ -95,7 +117,14 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 
 impl Lazy {
     pub fn new(registry: Arc<Registry>, cache: TieredCache, opts: RemoteOptions) -> Lazy {
-        Lazy { registry, cache, opts, mounts: Mutex::new(HashMap::new()), refused: Default::default() }
+        Lazy {
+            registry,
+            cache,
+            opts,
+            mounts: Mutex::new(HashMap::new()),
+            refused: Default::default(),
+            ahead: Default::default(),
+        }
     }
 
     /// Prepare for a layer whose labels name an eStargz TOC.
@@ -134,12 +163,13 @@ impl Lazy {
                 return Ok(Prepared::Local(mounts));
             }
         };
+        self.read_ahead(&src, &labels);
         let (id, dir) = {
             let (inner, key) = (inner.clone(), key.to_owned());
             blocking(move || inner.layer_dir(&key)).await?
         };
-        let progress = match self.mount(id, &dir, &src, &target).await {
-            Ok(p) => p,
+        let started = match self.mount(id, &dir, &src, &target).await {
+            Ok(s) => s,
             Err(e) => {
                 tracing::warn!(layer = %src.digest, image = %src.image, error = %e, "layer not lazy; containerd will download it");
                 self.refuse(&target, &src.image.to_string(), &src.digest, e.to_string());
@@ -154,11 +184,17 @@ impl Lazy {
         };
         match committed {
             Ok(()) => {
-                tracing::info!(layer = %src.digest, image = %src.image, snapshot = %target, "layer mounted lazily");
+                tracing::info!(
+                    layer = %src.digest,
+                    image = %src.image,
+                    snapshot = %target,
+                    toc_read_ahead = started.toc_read_ahead,
+                    "layer mounted lazily"
+                );
                 // The container starts once what the image marked for start-up is here, unless
                 // that is too much to wait for.
-                if let Some((size, true)) = progress.1.map(|s| (s, s <= self.opts.prefetch_async_size))
-                    && !progress.0.prefetched(self.opts.prefetch_timeout).await
+                if let Some((size, true)) = started.prefetch_bytes.map(|s| (s, s <= self.opts.prefetch_async_size))
+                    && !started.progress.prefetched(self.opts.prefetch_timeout).await
                 {
                     tracing::warn!(layer = %src.digest, bytes = size, "prefetch not done in time; the container starts anyway");
                 }
@@ -178,14 +214,17 @@ impl Lazy {
     }
 
     /// Mounts the layer and starts its fill. Returns its progress and prefetch size.
-    async fn mount(
-        &self,
-        id: u64,
-        dir: &Path,
-        src: &LayerSource,
-        snapshot: &str,
-    ) -> Result<(Arc<Progress>, Option<u64>), crate::remote::RemoteError> {
-        let ns = open_layer(self.registry.clone(), &src.image, &src.digest, &src.toc_digest, &self.opts).await?;
+    async fn mount(&self, id: u64, dir: &Path, src: &LayerSource, snapshot: &str) -> Result<Started, RemoteError> {
+        let (member, toc_read_ahead) = match self.take_ahead(&src.digest) {
+            Some(read) => match read.await {
+                Ok(m) => (m, true),
+                // Read ahead and failed: try once more now, as if it had not been.
+                Err(_) => (Arc::new(fetch_toc(&self.registry, &src.image, &src.digest).await?), false),
+            },
+            None => (Arc::new(fetch_toc(&self.registry, &src.image, &src.digest).await?), false),
+        };
+        let ns =
+            build_layer(self.registry.clone(), &src.image, &src.digest, &member, &src.toc_digest, &self.opts).await?;
         let blob = ns.blob().clone();
         let prefetch_bytes = fill::prefetch_size(&ns);
         let progress = Arc::new(Progress::new(ns.pieces().len() as u64));
@@ -196,7 +235,34 @@ impl Lazy {
         if let Some(old) = self.mounts.lock().await.insert(id, live) {
             let _ = blocking(move || old.mount.unmount()).await;
         }
-        Ok((progress, prefetch_bytes))
+        Ok(Started { progress, prefetch_bytes, toc_read_ahead })
+    }
+
+    /// Starts reading the TOCs of the layers after this one (from `cri.image-layers`, else
+    /// `stargz.layers`), in parallel, so their Prepares find them read.
+    fn read_ahead(&self, src: &LayerSource, labels: &BTreeMap<String, String>) {
+        let Some(list) = labels.get(CRI_LAYERS).or_else(|| labels.get(STARGZ_LAYERS)) else { return };
+        let mut ahead = self.ahead.lock().unwrap_or_else(|p| p.into_inner());
+        for digest in list.split(',').map(str::trim).filter(|d| !d.is_empty() && *d != src.digest) {
+            if ahead.iter().any(|(d, _)| d == digest) || !crate::estargz::is_sha256_digest(digest) {
+                continue;
+            }
+            let (registry, image, d) = (self.registry.clone(), src.image.clone(), digest.to_owned());
+            let read: TocRead =
+                async move { fetch_toc(&registry, &image, &d).await.map(Arc::new).map_err(Arc::new) }.boxed().shared();
+            tokio::spawn(read.clone());
+            if ahead.len() == TOCS_AHEAD {
+                ahead.pop_front();
+            }
+            ahead.push_back((digest.to_owned(), read));
+            tracing::debug!(layer = digest, "reading a following layer's TOC ahead");
+        }
+    }
+
+    fn take_ahead(&self, digest: &str) -> Option<TocRead> {
+        let mut ahead = self.ahead.lock().unwrap_or_else(|p| p.into_inner());
+        let i = ahead.iter().position(|(d, _)| d == digest)?;
+        ahead.remove(i).map(|(_, r)| r)
     }
 
     fn refuse(&self, snapshot: &str, image: &str, layer: &str, reason: String) {

@@ -66,6 +66,47 @@ impl Default for RemoteOptions {
     }
 }
 
+/// A blob's compressed TOC member, as two ranged reads find it: not yet checked against any
+/// digest, so nothing in it is used before [`build_layer`] verifies it.
+#[derive(Debug)]
+pub struct TocMember {
+    pub size: u64,
+    pub toc_offset: u64,
+    pub bytes: bytes::Bytes,
+}
+
+/// Finds blob `digest`'s footer and reads its TOC member.
+pub async fn fetch_toc(registry: &Registry, image: &ImageRef, digest: &str) -> Result<TocMember, RemoteError> {
+    let reg_err = |source| RemoteError::Registry { image: image.to_string(), layer: digest.to_owned(), source };
+    let fmt_err = |source| RemoteError::Format { image: image.to_string(), layer: digest.to_owned(), source };
+    let size = registry.blob_size(image, digest).await.map_err(reg_err)?;
+    let tail_start = size.saturating_sub(MAX_FOOTER_SIZE);
+    let tail = registry.blob_range(image, digest, tail_start..size).await.map_err(reg_err)?;
+    let footer = estargz::parse_footer(&tail, size).map_err(fmt_err)?;
+    let bytes = registry.blob_range(image, digest, footer.toc_offset..size - footer.len).await.map_err(reg_err)?;
+    Ok(TocMember { size, toc_offset: footer.toc_offset, bytes })
+}
+
+/// Checks `member` against `toc_digest` and builds the layer's namespace.
+pub async fn build_layer(
+    registry: Arc<Registry>,
+    image: &ImageRef,
+    digest: &str,
+    member: &TocMember,
+    toc_digest: &str,
+    opts: &RemoteOptions,
+) -> Result<LayerNamespace, RemoteError> {
+    let fmt_err = |source| RemoteError::Format { image: image.to_string(), layer: digest.to_owned(), source };
+    let (bytes, limit, want, toc_offset) =
+        (member.bytes.clone(), opts.max_toc_size, toc_digest.to_owned(), member.toc_offset);
+    let toc = tokio::task::spawn_blocking(move || estargz::decode_toc(&bytes, toc_offset, &want, limit))
+        .await
+        .map_err(|e| fmt_err(FormatError::TocMember(e.to_string())))?
+        .map_err(fmt_err)?;
+    let blob = Arc::new(Blob::new(registry, image.clone(), digest.to_owned(), member.size));
+    Ok(LayerNamespace::new(&toc, blob)?)
+}
+
 /// Reads and verifies the TOC of blob `digest` of `image`, and builds its namespace.
 pub async fn open_layer(
     registry: Arc<Registry>,
@@ -74,20 +115,8 @@ pub async fn open_layer(
     toc_digest: &str,
     opts: &RemoteOptions,
 ) -> Result<LayerNamespace, RemoteError> {
-    let reg_err = |source| RemoteError::Registry { image: image.to_string(), layer: digest.to_owned(), source };
-    let fmt_err = |source| RemoteError::Format { image: image.to_string(), layer: digest.to_owned(), source };
-    let size = registry.blob_size(image, digest).await.map_err(reg_err)?;
-    let tail_start = size.saturating_sub(MAX_FOOTER_SIZE);
-    let tail = registry.blob_range(image, digest, tail_start..size).await.map_err(reg_err)?;
-    let footer = estargz::parse_footer(&tail, size).map_err(fmt_err)?;
-    let member = registry.blob_range(image, digest, footer.toc_offset..size - footer.len).await.map_err(reg_err)?;
-    let (limit, toc_digest_owned, toc_offset) = (opts.max_toc_size, toc_digest.to_owned(), footer.toc_offset);
-    let toc = tokio::task::spawn_blocking(move || estargz::decode_toc(&member, toc_offset, &toc_digest_owned, limit))
-        .await
-        .map_err(|e| fmt_err(FormatError::TocMember(e.to_string())))?
-        .map_err(fmt_err)?;
-    let blob = Arc::new(Blob::new(registry, image.clone(), digest.to_owned(), size));
-    Ok(LayerNamespace::new(&toc, blob)?)
+    let member = fetch_toc(&registry, image, digest).await?;
+    build_layer(registry, image, digest, &member, toc_digest, opts).await
 }
 
 /// Mounts `ns` read-only at `path`, with device nodes and setuid bits honoured (the layer is
