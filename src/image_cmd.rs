@@ -20,8 +20,8 @@ pub struct ImageArgs {
 
 #[derive(Subcommand, Debug)]
 enum ImageCommand {
-    /// Per layer: lazy or downloaded (and why), bytes fetched of the blob, prefetch and
-    /// background fill.
+    /// Per layer: lazy, fetched whole by Strata, or left to containerd (and why); bytes fetched
+    /// of the blob; prefetch and background fill.
     Layers {
         /// Print JSON, for scripts.
         #[arg(long)]
@@ -64,7 +64,9 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
             for l in &layers {
                 if !l.lazy {
                     let why = l.reason.as_deref().unwrap_or("");
-                    println!("{:<14} {:<10} {why}", short(&l.layer), "downloaded");
+                    let mode = if l.how == "whole" { "whole" } else { "containerd" };
+                    let fetched = format!("{} / {}", ByteSize(l.fetched_bytes), ByteSize(l.blob_size));
+                    println!("{:<14} {:<10} {:>21}  {}  ({why})", short(&l.layer), mode, fetched, l.image);
                     continue;
                 }
                 let fetched = format!("{} / {}", ByteSize(l.fetched_bytes), ByteSize(l.blob_size));

@@ -41,36 +41,44 @@ const TOCS_AHEAD: usize = 64;
 
 type TocRead = Shared<BoxFuture<'static, Result<Arc<TocMember>, Arc<RemoteError>>>>;
 
-/// Where a lazy layer comes from, from its snapshot labels.
+/// Where a layer containerd is unpacking comes from, from its snapshot labels.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LayerSource {
     pub image: ImageRef,
     pub digest: String,
-    pub toc_digest: String,
+    /// The eStargz TOC digest, for a layer that can be lazy.
+    pub toc_digest: Option<String>,
 }
 
-/// `None` if the labels do not ask for a lazy layer; an error if they do but cannot be used.
+/// What to do with a Prepare: `None` leaves it to the ordinary path (no target to commit
+/// under, or nothing that says where the layer comes from); an error when the labels ask for
+/// a lazy layer but cannot be used.
 pub fn source(labels: &BTreeMap<String, String>) -> Option<Result<LayerSource, String>> {
-    let toc_digest = labels.get(TOC_LABEL)?.clone();
+    labels.get(TARGET_LABEL)?;
+    let toc_digest = labels.get(TOC_LABEL).cloned();
     // The CRI labels first, stargz's own as the fallback, as stargz-snapshotter reads them.
     let reference = labels.get(CRI_REF).or_else(|| labels.get(STARGZ_REF));
     let digest = labels.get(CRI_DIGEST).or_else(|| labels.get(STARGZ_DIGEST));
-    Some(match (reference, digest) {
-        (Some(r), Some(d)) => ImageRef::parse(r)
-            .map(|image| LayerSource { image, digest: d.clone(), toc_digest })
-            .map_err(|e| e.to_string()),
-        _ => Err(format!(
+    match (reference, digest) {
+        (Some(r), Some(d)) => Some(
+            ImageRef::parse(r)
+                .map(|image| LayerSource { image, digest: d.clone(), toc_digest })
+                .map_err(|e| e.to_string()),
+        ),
+        _ if toc_digest.is_some() => Some(Err(format!(
             "the labels carry a TOC digest but not the image reference and layer digest ({CRI_REF} and {CRI_DIGEST}, or {STARGZ_REF} and {STARGZ_DIGEST}); \
              is disable_snapshot_annotations still true in containerd's CRI config?"
-        )),
-    })
+        ))),
+        _ => None,
+    }
 }
 
 /// What Prepare did with a layer.
 #[derive(Debug)]
 pub enum Prepared {
-    /// Mounted from the registry and committed as the target: answer AlreadyExists.
-    Remote { target: String },
+    /// Mounted from the registry (or fetched whole and unpacked by Strata) and committed as
+    /// the target: answer AlreadyExists.
+    Remote { target: String, how: &'static str },
     /// An ordinary active snapshot, for containerd to fill.
     Local(Vec<Mount>),
 }
@@ -94,7 +102,8 @@ struct Started {
     toc_read_ahead: bool,
 }
 
-/// Layers that were downloaded instead of mounted lazily, most recent last, for the report.
+/// Layers that were not mounted lazily (fetched whole by Strata, or left to containerd), most
+/// recent last, for the report.
 const REFUSED_KEPT: usize = 256;
 
 /// The lazy-layer half of the snapshotter: the registry, the shared cache, and the layers
@@ -127,7 +136,10 @@ impl Lazy {
         }
     }
 
-    /// Prepare for a layer whose labels name an eStargz TOC.
+    /// Prepare for a layer containerd is unpacking, whose labels say where it comes from: mount
+    /// it lazily if it is eStargz, else fetch it whole and unpack it here, so that containerd
+    /// does not start fetching this and every following layer itself. Only if both fail does
+    /// containerd get an ordinary snapshot to fill.
     pub async fn prepare(
         &self,
         inner: &Arc<Snapshotter>,
@@ -136,25 +148,17 @@ impl Lazy {
         labels: BTreeMap<String, String>,
         src: Result<LayerSource, String>,
     ) -> Result<Prepared, SnapshotError> {
-        let target = labels.get(TARGET_LABEL).cloned();
-        if let Some(t) = &target {
-            let (inner, t2) = (inner.clone(), t.clone());
-            if blocking(move || inner.stat(&t2)).await.is_ok() {
-                return Ok(Prepared::Remote { target: t.clone() });
+        let target = labels.get(TARGET_LABEL).cloned().unwrap_or_default();
+        {
+            let (inner, t) = (inner.clone(), target.clone());
+            if blocking(move || inner.stat(&t)).await.is_ok() {
+                return Ok(Prepared::Remote { target, how: "existing" });
             }
         }
         if let Some(p) = parent {
             self.ensure_chain(inner, p).await?;
         }
-        let mounts = {
-            let (inner, key, parent, labels) =
-                (inner.clone(), key.to_owned(), parent.map(str::to_owned), labels.clone());
-            blocking(move || inner.prepare(&key, parent.as_deref(), labels)).await?
-        };
-        let Some(target) = target else {
-            tracing::warn!(key, "layer not lazy: containerd sent no {TARGET_LABEL} label to commit it under");
-            return Ok(Prepared::Local(mounts));
-        };
+        let mounts = self.prepare_plain(inner, key, parent, &labels).await?;
         let src = match src {
             Ok(s) => s,
             Err(why) => {
@@ -163,58 +167,142 @@ impl Lazy {
                 return Ok(Prepared::Local(mounts));
             }
         };
-        self.read_ahead(&src, &labels);
         let (id, dir) = {
             let (inner, key) = (inner.clone(), key.to_owned());
             blocking(move || inner.layer_dir(&key)).await?
         };
-        let started = match self.mount(id, &dir, &src, &target).await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(layer = %src.digest, image = %src.image, error = %e, "layer not lazy; containerd will download it");
-                self.refuse(&target, &src.image.to_string(), &src.digest, e.to_string());
-                return Ok(Prepared::Local(mounts));
+        let why_not_lazy = match &src.toc_digest {
+            Some(toc) => {
+                self.read_ahead(&src, &labels);
+                match self.mount(id, &dir, &src, toc, &target).await {
+                    Ok(started) => {
+                        let mut commit_labels = labels;
+                        commit_labels.insert(REMOTE_LABEL.into(), REMOTE_VALUE.into());
+                        let done = self.commit(inner, key, &target, commit_labels, Some(id), "lazy").await?;
+                        tracing::info!(
+                            layer = %src.digest,
+                            image = %src.image,
+                            snapshot = %target,
+                            toc_read_ahead = started.toc_read_ahead,
+                            "layer mounted lazily"
+                        );
+                        // The container starts once what the image marked for start-up is
+                        // here, unless that is too much to wait for.
+                        if let Some((size, true)) =
+                            started.prefetch_bytes.map(|s| (s, s <= self.opts.prefetch_async_size))
+                            && !started.progress.prefetched(self.opts.prefetch_timeout).await
+                        {
+                            tracing::warn!(layer = %src.digest, bytes = size, "prefetch not done in time; the container starts anyway");
+                        }
+                        return Ok(done);
+                    }
+                    Err(e) => e.to_string(),
+                }
             }
+            None => "not eStargz: the layer has no TOC digest annotation".to_owned(),
         };
-        let mut commit_labels = labels;
-        commit_labels.insert(REMOTE_LABEL.into(), REMOTE_VALUE.into());
+        if !self.opts.fetch_whole {
+            tracing::warn!(layer = %src.digest, image = %src.image, "layer not lazy ({why_not_lazy}); containerd will download it");
+            self.refuse(&target, &src.image.to_string(), &src.digest, why_not_lazy);
+            return Ok(Prepared::Local(mounts));
+        }
+        match self.fetch_whole(&src, &dir).await {
+            Ok(size) => {
+                tracing::info!(layer = %src.digest, image = %src.image, snapshot = %target, bytes = size, reason = %why_not_lazy, "layer fetched whole and unpacked");
+                self.record_whole(&target, &src, size, why_not_lazy);
+                self.commit(inner, key, &target, labels, None, "whole").await
+            }
+            Err(e) => {
+                tracing::warn!(layer = %src.digest, image = %src.image, error = %e, "layer not lazy ({why_not_lazy}), and fetching it whole failed; containerd will download it");
+                self.refuse(
+                    &target,
+                    &src.image.to_string(),
+                    &src.digest,
+                    format!("{why_not_lazy}; fetching it whole: {e}"),
+                );
+                // Start containerd on a clean directory, not on what the failed unpack left.
+                let (i, k) = (inner.clone(), key.to_owned());
+                blocking(move || i.remove(&k)).await?;
+                Ok(Prepared::Local(self.prepare_plain(inner, key, parent, &labels).await?))
+            }
+        }
+    }
+
+    async fn prepare_plain(
+        &self,
+        inner: &Arc<Snapshotter>,
+        key: &str,
+        parent: Option<&str>,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<Vec<Mount>, SnapshotError> {
+        let (inner, key, parent, labels) = (inner.clone(), key.to_owned(), parent.map(str::to_owned), labels.clone());
+        blocking(move || inner.prepare(&key, parent.as_deref(), labels)).await
+    }
+
+    /// Commits the prepared layer under `target`. If another Prepare committed the same layer
+    /// first, that one is used and this one goes.
+    async fn commit(
+        &self,
+        inner: &Arc<Snapshotter>,
+        key: &str,
+        target: &str,
+        labels: BTreeMap<String, String>,
+        mounted: Option<u64>,
+        how: &'static str,
+    ) -> Result<Prepared, SnapshotError> {
         let committed = {
-            let (inner, key, target) = (inner.clone(), key.to_owned(), target.clone());
-            blocking(move || inner.commit(&target, &key, commit_labels)).await
+            let (inner, key, target) = (inner.clone(), key.to_owned(), target.to_owned());
+            blocking(move || inner.commit(&target, &key, labels)).await
         };
         match committed {
-            Ok(()) => {
-                tracing::info!(
-                    layer = %src.digest,
-                    image = %src.image,
-                    snapshot = %target,
-                    toc_read_ahead = started.toc_read_ahead,
-                    "layer mounted lazily"
-                );
-                // The container starts once what the image marked for start-up is here, unless
-                // that is too much to wait for.
-                if let Some((size, true)) = started.prefetch_bytes.map(|s| (s, s <= self.opts.prefetch_async_size))
-                    && !started.progress.prefetched(self.opts.prefetch_timeout).await
-                {
-                    tracing::warn!(layer = %src.digest, bytes = size, "prefetch not done in time; the container starts anyway");
-                }
-                Ok(Prepared::Remote { target })
-            }
+            Ok(()) => Ok(Prepared::Remote { target: target.to_owned(), how }),
             Err(e) => {
-                // Another Prepare committed the same layer first: use that one.
-                self.unmount(id).await;
-                let (inner, key) = (inner.clone(), key.to_owned());
-                let _ = blocking(move || inner.remove(&key)).await;
+                if let Some(id) = mounted {
+                    self.unmount(id).await;
+                }
+                let (i, k) = (inner.clone(), key.to_owned());
+                let _ = blocking(move || i.remove(&k)).await;
                 match e {
-                    SnapshotError::AlreadyExists(_) => Ok(Prepared::Remote { target }),
+                    SnapshotError::AlreadyExists(_) => {
+                        Ok(Prepared::Remote { target: target.to_owned(), how: "existing" })
+                    }
                     e => Err(e),
                 }
             }
         }
     }
 
+    /// Downloads the whole blob next to the snapshot's directory, checking its digest, and
+    /// unpacks it into the directory. Returns the blob's size.
+    async fn fetch_whole(&self, src: &LayerSource, dir: &Path) -> Result<u64, String> {
+        let blob_path = dir.with_file_name("layer.blob");
+        let mut file = std::fs::File::create(&blob_path).map_err(|e| format!("{}: {e}", blob_path.display()))?;
+        let fetched = self.registry.blob_to_file(&src.image, &src.digest, &mut file).await;
+        drop(file);
+        let unpacked = match fetched {
+            Ok(size) => {
+                let (path, dir) = (blob_path.clone(), dir.to_owned());
+                blocking(move || crate::unpack::apply_blob(&path, &dir)).await.map_err(|e| e.to_string()).map(|_| size)
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        let _ = std::fs::remove_file(&blob_path);
+        unpacked
+    }
+
+    fn record_whole(&self, snapshot: &str, src: &LayerSource, size: u64, why: String) {
+        self.keep_report(not_lazy(snapshot, &src.image.to_string(), &src.digest, "whole", why, size));
+    }
+
     /// Mounts the layer and starts its fill. Returns its progress and prefetch size.
-    async fn mount(&self, id: u64, dir: &Path, src: &LayerSource, snapshot: &str) -> Result<Started, RemoteError> {
+    async fn mount(
+        &self,
+        id: u64,
+        dir: &Path,
+        src: &LayerSource,
+        toc_digest: &str,
+        snapshot: &str,
+    ) -> Result<Started, RemoteError> {
         let (member, toc_read_ahead) = match self.take_ahead(&src.digest) {
             Some(read) => match read.await {
                 Ok(m) => (m, true),
@@ -223,8 +311,7 @@ impl Lazy {
             },
             None => (Arc::new(fetch_toc(&self.registry, &src.image, &src.digest).await?), false),
         };
-        let ns =
-            build_layer(self.registry.clone(), &src.image, &src.digest, &member, &src.toc_digest, &self.opts).await?;
+        let ns = build_layer(self.registry.clone(), &src.image, &src.digest, &member, toc_digest, &self.opts).await?;
         let blob = ns.blob().clone();
         let prefetch_bytes = fill::prefetch_size(&ns);
         let progress = Arc::new(Progress::new(ns.pieces().len() as u64));
@@ -266,25 +353,15 @@ impl Lazy {
     }
 
     fn refuse(&self, snapshot: &str, image: &str, layer: &str, reason: String) {
+        self.keep_report(not_lazy(snapshot, image, layer, "containerd", reason, 0));
+    }
+
+    fn keep_report(&self, report: LayerReport) {
         let mut r = self.refused.lock().unwrap_or_else(|p| p.into_inner());
         if r.len() == REFUSED_KEPT {
             r.pop_front();
         }
-        r.push_back(LayerReport {
-            snapshot: snapshot.to_owned(),
-            image: image.to_owned(),
-            layer: layer.to_owned(),
-            lazy: false,
-            reason: Some(reason),
-            blob_size: 0,
-            fetched_bytes: 0,
-            prefetch: fill::Stage::None,
-            prefetch_bytes: None,
-            background: fill::Stage::None,
-            chunks_total: 0,
-            chunks_cached: 0,
-            error: None,
-        });
+        r.push_back(report);
     }
 
     /// Every lazy layer mounted now, then the layers that were downloaded instead.
@@ -299,6 +376,7 @@ impl Lazy {
                 image: l.blob.image.to_string(),
                 layer: l.blob.digest.clone(),
                 lazy: true,
+                how: "lazy".into(),
                 reason: None,
                 blob_size: l.blob.size,
                 fetched_bytes: l.blob.fetched.load(Ordering::Relaxed),
@@ -343,7 +421,8 @@ impl Lazy {
                 blocking(move || inner.layer_dir(&name)).await?.1
             };
             clear_dead_mount(&dir).await;
-            self.mount(id, &dir, &src, &name).await.map_err(|e| unavailable(e.to_string()))?;
+            let toc = src.toc_digest.clone().ok_or_else(|| unavailable("its labels no longer name its TOC".into()))?;
+            self.mount(id, &dir, &src, &toc, &name).await.map_err(|e| unavailable(e.to_string()))?;
             tracing::info!(snapshot = %name, "remote layer mounted again");
         }
         Ok(())
@@ -383,6 +462,26 @@ impl Lazy {
     }
 }
 
+/// The report of a layer that is not lazy: `how` it was served instead, and why.
+fn not_lazy(snapshot: &str, image: &str, layer: &str, how: &str, reason: String, fetched: u64) -> LayerReport {
+    LayerReport {
+        snapshot: snapshot.to_owned(),
+        image: image.to_owned(),
+        layer: layer.to_owned(),
+        lazy: false,
+        how: how.to_owned(),
+        reason: Some(reason),
+        blob_size: fetched,
+        fetched_bytes: fetched,
+        prefetch: fill::Stage::None,
+        prefetch_bytes: None,
+        background: fill::Stage::None,
+        chunks_total: 0,
+        chunks_cached: 0,
+        error: None,
+    }
+}
+
 /// A mount point whose FUSE daemon died reads as "transport endpoint is not connected";
 /// detach it so the layer can be mounted there again.
 async fn clear_dead_mount(dir: &Path) {
@@ -405,8 +504,12 @@ mod tests {
 
     #[test]
     fn the_cri_labels_come_first_and_stargz_labels_are_the_fallback() {
-        assert!(source(&labels(&[(CRI_REF, "r.io/a:1")])).is_none(), "no TOC digest: not lazy");
+        assert!(source(&labels(&[(CRI_REF, "r.io/a:1"), (CRI_DIGEST, "sha256:c")])).is_none(), "no target: not ours");
+        let plain = source(&labels(&[(TARGET_LABEL, "sha256:t"), (CRI_REF, "r.io/a:1"), (CRI_DIGEST, "sha256:c")]));
+        assert_eq!(plain.unwrap().unwrap().toc_digest, None, "no TOC digest: fetched whole");
+        assert!(source(&labels(&[(TARGET_LABEL, "sha256:t")])).is_none(), "nothing to go on: containerd's path");
         let both = labels(&[
+            (TARGET_LABEL, "sha256:t"),
             (TOC_LABEL, "sha256:t"),
             (CRI_REF, "r.io/cri:1"),
             (CRI_DIGEST, "sha256:c"),
@@ -415,9 +518,14 @@ mod tests {
         ]);
         let s = source(&both).unwrap().unwrap();
         assert_eq!((s.image.repository.as_str(), s.digest.as_str()), ("cri", "sha256:c"));
-        let legacy = labels(&[(TOC_LABEL, "sha256:t"), (STARGZ_REF, "r.io/stargz:1"), (STARGZ_DIGEST, "sha256:s")]);
+        let legacy = labels(&[
+            (TARGET_LABEL, "sha256:t"),
+            (TOC_LABEL, "sha256:t"),
+            (STARGZ_REF, "r.io/stargz:1"),
+            (STARGZ_DIGEST, "sha256:s"),
+        ]);
         assert_eq!(source(&legacy).unwrap().unwrap().digest, "sha256:s");
-        let e = source(&labels(&[(TOC_LABEL, "sha256:t")])).unwrap().unwrap_err();
+        let e = source(&labels(&[(TARGET_LABEL, "sha256:t"), (TOC_LABEL, "sha256:t")])).unwrap().unwrap_err();
         assert!(e.contains("disable_snapshot_annotations"), "{e}");
     }
 }

@@ -18,6 +18,7 @@ pub mod report;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod unpack;
 mod usage;
 
 pub use error::SnapshotError;

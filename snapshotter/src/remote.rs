@@ -51,6 +51,9 @@ pub struct RemoteOptions {
     pub prefetch_async_size: u64,
     /// Fetch the rest of each layer in the background, after the prefetch.
     pub background_fetch: bool,
+    /// Fetch a layer that cannot be lazy whole and unpack it, rather than leave it (and every
+    /// layer after it) to containerd.
+    pub fetch_whole: bool,
 }
 
 impl Default for RemoteOptions {
@@ -62,6 +65,7 @@ impl Default for RemoteOptions {
             prefetch_timeout: Duration::from_secs(10),
             prefetch_async_size: 512 << 20,
             background_fetch: true,
+            fetch_whole: true,
         }
     }
 }

@@ -15,7 +15,11 @@ pub struct LayerReport {
     pub image: String,
     pub layer: String,
     pub lazy: bool,
-    /// Why the layer was downloaded whole instead.
+    /// `lazy`, `whole` (fetched whole and unpacked by Strata) or `containerd` (left to
+    /// containerd to download).
+    #[serde(default)]
+    pub how: String,
+    /// Why the layer is not lazy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     pub blob_size: u64,

@@ -188,14 +188,14 @@ impl proto::snapshots_server::Snapshots for SnapshotService {
             let span = tracing::info_span!("snapshots", method = "prepare", key = %key);
             let outcome = lazy.prepare(&self.inner, &key, parent_key.as_deref(), labels, src).instrument(span).await;
             let how = match &outcome {
-                Ok(Prepared::Remote { .. }) => "lazy",
+                Ok(Prepared::Remote { how, .. }) => *how,
                 _ => "downloaded",
             };
             self.metrics.snapshot_layers.get_or_create(&strata_tiering::metrics::LayerLabel { how }).inc();
             return match self.finish("prepare", outcome)? {
                 // containerd's remote-snapshot protocol: AlreadyExists means "the layer is
                 // there, skip its download"; it then finds the target with Stat.
-                Prepared::Remote { target } => {
+                Prepared::Remote { target, .. } => {
                     Err(Status::already_exists(format!("target snapshot {target:?} is a remote snapshot")))
                 }
                 Prepared::Local(ms) => Ok(Response::new(proto::PrepareSnapshotResponse { mounts: mounts(ms) })),

@@ -75,6 +75,11 @@ pub struct SnapshotterConfig {
     /// After the prefetch, fetch the rest of each lazy layer in the background.
     #[serde(default = "yes")]
     pub background_fetch: bool,
+    /// Fetch a layer that cannot be lazy (not eStargz, or a TOC that does not verify) whole,
+    /// checked against its digest, and unpack it here, instead of leaving it to containerd,
+    /// which would then fetch every following layer too.
+    #[serde(default = "yes")]
+    pub fetch_whole: bool,
 }
 
 impl Default for SnapshotterConfig {
@@ -91,6 +96,7 @@ impl Default for SnapshotterConfig {
             prefetch_timeout: default_prefetch_timeout(),
             prefetch_async_size: default_prefetch_async(),
             background_fetch: true,
+            fetch_whole: true,
         }
     }
 }

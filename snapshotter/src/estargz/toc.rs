@@ -176,6 +176,10 @@ fn tar_size(field: &[u8]) -> Option<u64> {
 }
 
 /// `name` as a path inside the layer, or why it cannot be one.
+pub fn normalise_name(name: &str) -> Result<String, String> {
+    normalise(name)
+}
+
 fn normalise(name: &str) -> Result<String, String> {
     if name.contains('\0') {
         return Err("contains a NUL byte".into());

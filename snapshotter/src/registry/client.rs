@@ -185,6 +185,38 @@ impl Registry {
         Ok(body)
     }
 
+    /// Streams blob `digest` into `out`, checking that its bytes hash to the digest; returns
+    /// its size. On a mismatch `out` holds bytes that must not be used.
+    pub async fn blob_to_file(
+        &self,
+        image: &ImageRef,
+        digest: &str,
+        out: &mut std::fs::File,
+    ) -> Result<u64, RegistryError> {
+        use sha2::{Digest as _, Sha256};
+        use std::io::Write;
+        let mut resp = self.send(image, &format!("/blobs/{digest}"), Method::GET, |r| r, false).await?;
+        let url = resp.url().to_string();
+        let mut hash = Sha256::new();
+        let mut len = 0u64;
+        while let Some(chunk) = resp.chunk().await.map_err(|source| RegistryError::Http { url: url.clone(), source })? {
+            hash.update(&chunk);
+            len += chunk.len() as u64;
+            out.write_all(&chunk).map_err(|e| RegistryError::Manifest {
+                reference: url.clone(),
+                reason: format!("writing the blob: {e}"),
+            })?;
+        }
+        let actual = format!("sha256:{}", hex::encode(hash.finalize()));
+        if actual != digest {
+            return Err(RegistryError::Manifest {
+                reference: url,
+                reason: format!("the blob's bytes hash to {actual}, not {digest}"),
+            });
+        }
+        Ok(len)
+    }
+
     /// Sends one request to the first endpoint that answers it with success, authenticating
     /// on a 401 as challenged. `resolve` marks tag lookups, which only `resolve` endpoints do.
     async fn send(
