@@ -522,3 +522,45 @@ async fn a_pull_through_cri_is_lazy_too() {
         node.layer_when(d, |l| l["lazy"] == true);
     }
 }
+
+/// Compressed bytes the registry sent for `digest` since `mark` (ranged reads and whole GETs).
+fn bytes_sent(mark: usize, digest: &str) -> u64 {
+    registry_log()[mark..]
+        .lines()
+        .filter(|l| l.contains("\"GET ") && l.contains(&format!("/blobs/{digest} ")))
+        .filter_map(|l| {
+            // ... "GET /v2/... HTTP/1.1" 206 1066361 "" "strata/0.1.0"
+            let after = l.split("HTTP/1.1\" ").nth(1)?;
+            after.split(' ').nth(1)?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+#[test]
+#[ignore = "needs root, containerd, runc, ctr-remote and the test registry: run by .ci/run"]
+fn python_starts_having_fetched_a_small_part_of_its_image() {
+    // Without background fill, what is fetched is what start-up reads (and the TOC).
+    let node = Node::start_with("background_fetch = false");
+    let mark = log_mark();
+    let image = node.rpull("python:esgz");
+    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "python", "python3", "-c", "print(1)"]);
+    assert_eq!(out, "1\n");
+    let url = format!("http://{}/v2/strata/python/manifests/esgz", registry());
+    let manifest = std::process::Command::new("curl")
+        .args(["-fsS", "-H", "Accept: application/vnd.oci.image.manifest.v1+json", &url])
+        .output()
+        .unwrap();
+    let m: serde_json::Value = serde_json::from_slice(&manifest.stdout).unwrap();
+    let (mut total, mut fetched) = (0u64, 0u64);
+    for l in m["layers"].as_array().unwrap() {
+        total += l["size"].as_u64().unwrap();
+        fetched += bytes_sent(mark, l["digest"].as_str().unwrap());
+    }
+    let share = fetched as f64 / total as f64;
+    eprintln!(
+        "python3 -c 'print(1)': {fetched} of {total} compressed bytes fetched before its output ({:.1}%)",
+        share * 100.0
+    );
+    assert!(fetched > 0, "the registry log shows the reads");
+    assert!(share < 0.20, "{fetched} of {total} bytes ({:.1}%) fetched before the first output", share * 100.0);
+}

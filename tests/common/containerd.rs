@@ -132,7 +132,7 @@ impl Drop for Containerd {
             mounts.lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| m.starts_with(&prefix)).collect();
         ours.sort_by_key(|m| std::cmp::Reverse(m.len()));
         for m in ours {
-            let _ = Command::new("umount").arg("-l").arg(m).status();
+            let _ = Command::new("umount").arg("-l").arg(m).stderr(std::process::Stdio::null()).status();
         }
     }
 }

@@ -252,7 +252,7 @@ impl Drop for Daemon {
         let prefix = self.dir.path().to_string_lossy().into_owned();
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         for m in mounts.lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| m.starts_with(&prefix)) {
-            let _ = Command::new("umount").arg("-l").arg(m).status();
+            let _ = Command::new("umount").arg("-l").arg(m).stderr(std::process::Stdio::null()).status();
         }
     }
 }

@@ -7,7 +7,8 @@
 # and its eStargz conversions by stargz-snapshotter's own ctr-remote (run in a containerd of
 # its own under WORKDIR): :esgz (default 4 MiB chunks), :esgz-64k (64 KiB chunks, so that files
 # span many chunks) and :esgz-prefetch (with a prefetch landmark); and :esgz and :bad-toc of
-# strata/specials:1 (below).
+# strata/specials:1 (below); and strata/python:1, a Debian bookworm minbase with python3 made by
+# debootstrap from the machine's Debian mirror, with its eStargz :esgz.
 set -euo pipefail
 
 REGISTRY=${1:?registry host:port}; WORK=${2:?work dir}
@@ -59,6 +60,22 @@ umoci gc --layout oci
 skopeo copy -q --dest-tls-verify=false oci:oci:specials "docker://$REGISTRY/strata/specials:1"
 echo "images: pushed $REGISTRY/strata/specials:1" >&2
 
+# strata/python:1: one layer, a Debian minbase root with python3.
+MIRROR=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+MIRROR=${MIRROR:-http://deb.debian.org/debian}
+umoci new --image oci:python
+umoci config --image oci:python --config.cmd /usr/bin/python3 --config.env PATH=/usr/local/bin:/usr/bin:/bin \
+  --history.created_by "strata tests: empty base"
+umoci unpack --image oci:python bundle
+debootstrap --variant=minbase --include=python3 bookworm bundle/rootfs "$MIRROR" >"$WORK/debootstrap.log" 2>&1 ||
+  { echo "images: debootstrap from $MIRROR failed; its log:" >&2; tail -20 "$WORK/debootstrap.log" >&2; exit 1; }
+rm -rf bundle/rootfs/var/cache/apt/archives/*.deb
+umoci repack --image oci:python --history.created_by "strata tests: debootstrap minbase + python3" bundle
+rm -rf bundle
+umoci gc --layout oci
+skopeo copy -q --dest-tls-verify=false oci:oci:python "docker://$REGISTRY/strata/python:1"
+echo "images: pushed $REGISTRY/strata/python:1" >&2
+
 CTD=$WORK/containerd
 mkdir -p "$CTD"
 cat >"$CTD/config.toml" <<TOML
@@ -85,8 +102,10 @@ MANIFEST=$(remote image ls 2>/dev/null | awk -v ref="$SRC" '$1 == ref {print $3}
 printf '{"path":"bin/busybox","manifestDigest":"%s","layerIndex":0}\n' "$MANIFEST" >"$WORK/record.json"
 remote image convert --oci --estargz --estargz-record-in "$WORK/record.json" "$SRC" "$REGISTRY/strata/busybox:esgz-prefetch" >/dev/null
 remote image pull --plain-http "$REGISTRY/strata/specials:1" >/dev/null
+remote image pull --plain-http "$REGISTRY/strata/python:1" >/dev/null
+remote image convert --oci --estargz "$REGISTRY/strata/python:1" "$REGISTRY/strata/python:esgz" >/dev/null
 remote image convert --oci --estargz "$REGISTRY/strata/specials:1" "$REGISTRY/strata/specials:esgz" >/dev/null
-for ref in busybox:esgz busybox:esgz-64k busybox:esgz-prefetch specials:esgz; do
+for ref in busybox:esgz busybox:esgz-64k busybox:esgz-prefetch specials:esgz python:esgz; do
   remote image push --plain-http "$REGISTRY/strata/$ref" >/dev/null
   echo "images: pushed $REGISTRY/strata/$ref (eStargz by ctr-remote)" >&2
 done
