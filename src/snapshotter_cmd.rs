@@ -47,6 +47,7 @@ pub async fn start(
             prefetch_async_size: cfg.prefetch_async_size.0,
             background_fetch: cfg.background_fetch,
             fetch_whole: cfg.fetch_whole,
+            metrics: agent.cache.metrics().clone(),
             ..RemoteOptions::default()
         };
         let lazy = Arc::new(Lazy::new(registry, agent.cache.clone(), opts));

@@ -5,6 +5,7 @@
 mod common;
 
 use common::containerd::{Containerd, registry, registry_log};
+use common::faulty::{Fault, FaultyRegistry};
 use common::*;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -563,4 +564,47 @@ fn python_starts_having_fetched_a_small_part_of_its_image() {
     );
     assert!(fetched > 0, "the registry log shows the reads");
     assert!(share < 0.20, "{fetched} of {total} bytes ({:.1}%) fetched before the first output", share * 100.0);
+}
+
+#[test]
+#[ignore = "needs root, containerd, runc, ctr-remote and the test registry: run by .ci/run"]
+fn a_registry_that_fails_or_flips_bytes_gives_clear_errors_and_never_wrong_bytes() {
+    let proxy = FaultyRegistry::start(&registry());
+    // Without background fill, the container's own reads are what fetch the chunks.
+    let node = Node::start_with("background_fetch = false");
+    let layers = node.layer_digests("busybox:esgz");
+    let image = format!("{}/strata/busybox:esgz", proxy.addr);
+    let rpull =
+        |image: &str| node.containerd.ctr_remote(&["image", "rpull", "--plain-http", "--snapshotter", "strata", image]);
+
+    // The registry goes away once the manifest and config are fetched: the pull fails, and
+    // says which layer; nothing half-made is left to trip the retry.
+    proxy.set(Fault::Refuse(layers.clone()));
+    let out = rpull(&image);
+    assert!(!out.status.success(), "the pull cannot succeed without the layers");
+    let log = node.daemon.log();
+    assert!(
+        log.contains("fetching it whole failed") && log.contains(&layers[0]),
+        "Strata says which layer and why:\n{log}"
+    );
+    proxy.set(Fault::None);
+    let out = rpull(&image);
+    assert!(out.status.success(), "a retry works: {}", String::from_utf8_lossy(&out.stderr));
+
+    // The registry now flips a byte in every range it serves: the read that needs such a chunk
+    // fails with EIO, the chunk is counted, and nothing of it is cached.
+    proxy.set(Fault::FlipRanges);
+    let bad =
+        node.containerd.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "flipped", "busybox", "echo", "hi"]);
+    assert!(!bad.status.success(), "a container cannot start on bytes that fail their digest");
+    let metrics = node.daemon.metrics_text();
+    let rejected = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("strata_snapshotter_chunks_rejected_total "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(rejected >= 1, "the rejected chunk is counted:\n{metrics}");
+    proxy.set(Fault::None);
+    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "healthy", "busybox", "echo", "hi"]);
+    assert_eq!(out, "hi\n", "with the registry honest again, the same image runs");
 }

@@ -46,11 +46,27 @@ pub struct Blob {
     pub fetched: AtomicU64,
     /// Chunk fetches for reads in progress; background fill waits while there are any.
     pub demand: std::sync::atomic::AtomicUsize,
+    /// Counts chunks whose bytes did not match their digest.
+    pub rejects: strata_tiering::metrics::Metrics,
 }
 
 impl Blob {
     pub fn new(registry: Arc<Registry>, image: ImageRef, digest: String, size: u64) -> Blob {
-        Blob { registry, image, digest, size, fetched: AtomicU64::new(0), demand: Default::default() }
+        Blob {
+            registry,
+            image,
+            digest,
+            size,
+            fetched: AtomicU64::new(0),
+            demand: Default::default(),
+            rejects: Default::default(),
+        }
+    }
+
+    /// Counts rejected chunks in `metrics` (the daemon's), not in a private set.
+    pub fn with_metrics(mut self, metrics: strata_tiering::metrics::Metrics) -> Blob {
+        self.rejects = metrics;
+        self
     }
 }
 
@@ -354,10 +370,15 @@ impl Fetcher for LayerFetcher {
                 .await
                 .map_err(|e| Arc::new(ChunkFetchError::from(e)) as FetchError)?;
             blob.fetched.fetch_add(compressed.len() as u64, Ordering::Relaxed);
-            let bytes = tokio::task::spawn_blocking(move || estargz::decode_chunk(&path, &chunk, &compressed))
+            let decoded = tokio::task::spawn_blocking(move || estargz::decode_chunk(&path, &chunk, &compressed))
                 .await
-                .map_err(|e| Arc::new(std::io::Error::other(e.to_string())) as FetchError)?
-                .map_err(|e| Arc::new(ChunkFetchError::from(e)) as FetchError)?;
+                .map_err(|e| Arc::new(std::io::Error::other(e.to_string())) as FetchError)?;
+            let bytes = decoded.map_err(|e| {
+                // Flipped or foreign bytes: the read fails, nothing is cached, and it shows.
+                blob.rejects.layer_chunk_rejects.inc();
+                tracing::error!(layer = %blob.digest, error = %e, "a chunk from the registry failed verification");
+                Arc::new(ChunkFetchError::from(e)) as FetchError
+            })?;
             Ok(Bytes::from(bytes))
         })
     }

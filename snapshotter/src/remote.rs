@@ -54,6 +54,8 @@ pub struct RemoteOptions {
     /// Fetch a layer that cannot be lazy whole and unpack it, rather than leave it (and every
     /// layer after it) to containerd.
     pub fetch_whole: bool,
+    /// Where rejected chunks are counted.
+    pub metrics: strata_tiering::metrics::Metrics,
 }
 
 impl Default for RemoteOptions {
@@ -66,6 +68,7 @@ impl Default for RemoteOptions {
             prefetch_async_size: 512 << 20,
             background_fetch: true,
             fetch_whole: true,
+            metrics: Default::default(),
         }
     }
 }
@@ -107,7 +110,8 @@ pub async fn build_layer(
         .await
         .map_err(|e| fmt_err(FormatError::TocMember(e.to_string())))?
         .map_err(fmt_err)?;
-    let blob = Arc::new(Blob::new(registry, image.clone(), digest.to_owned(), member.size));
+    let blob =
+        Arc::new(Blob::new(registry, image.clone(), digest.to_owned(), member.size).with_metrics(opts.metrics.clone()));
     Ok(LayerNamespace::new(&toc, blob)?)
 }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod containerd;
+pub mod faulty;
 pub mod mount;
 #[allow(unused_imports)]
 pub use mount::{Mount, mounted};

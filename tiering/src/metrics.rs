@@ -30,6 +30,7 @@ pub const FS_OPENS: &str = "strata_fs_opens";
 pub const FS_PARTS_WHILE_WRITING: &str = "strata_fs_parts_sent_while_writing";
 pub const SNAPSHOT_REQUESTS: &str = "strata_snapshotter_requests";
 pub const SNAPSHOT_LAYERS: &str = "strata_snapshotter_layers";
+pub const LAYER_CHUNK_REJECTS: &str = "strata_snapshotter_chunks_rejected";
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TierLabel {
@@ -89,6 +90,8 @@ pub struct Metrics {
     pub fs_parts_while_writing: Counter,
     pub snapshot_requests: Family<SnapshotRequestLabel, Counter>,
     pub snapshot_layers: Family<LayerLabel, Counter>,
+    /// Chunks of lazy layers whose bytes did not decode to their TOC digest.
+    pub layer_chunk_rejects: Counter,
     /// All evictions, whatever the tier and reason; for status output.
     pub evicted_chunks: Counter,
 }
@@ -157,6 +160,11 @@ impl Metrics {
             SNAPSHOT_LAYERS,
             "eStargz layers containerd asked for, by whether they were mounted lazily or downloaded whole",
             self.snapshot_layers.clone(),
+        );
+        r.register(
+            LAYER_CHUNK_REJECTS,
+            "Chunks of lazy layers refused because the registry's bytes did not match their digest (served as EIO)",
+            self.layer_chunk_rejects.clone(),
         );
     }
 }

@@ -1,0 +1,86 @@
+//! A fault-injecting proxy in front of the test registry, for tests of what Strata does when a
+//! registry misbehaves: it can refuse requests for some paths (a registry gone mid-pull), or
+//! flip a byte in every ranged answer (a registry serving corrupt bytes). One request per
+//! connection, so each answer can be changed whole.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// Pass everything through.
+    None,
+    /// Close the connection on requests whose request line contains any of these.
+    Refuse(Vec<String>),
+    /// Flip one byte in the body of every 206 answer.
+    FlipRanges,
+}
+
+pub struct FaultyRegistry {
+    /// `127.0.0.1:PORT`, to use as the registry host of image references.
+    pub addr: String,
+    fault: Arc<Mutex<Fault>>,
+}
+
+impl FaultyRegistry {
+    pub fn start(upstream: &str) -> FaultyRegistry {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let fault = Arc::new(Mutex::new(Fault::None));
+        let (f, up) = (fault.clone(), upstream.to_owned());
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let (f, up) = (f.clone(), up.clone());
+                std::thread::spawn(move || {
+                    let _ = relay(conn, &up, &f);
+                });
+            }
+        });
+        FaultyRegistry { addr, fault }
+    }
+
+    pub fn set(&self, f: Fault) {
+        *self.fault.lock().unwrap() = f;
+    }
+}
+
+fn relay(mut client: TcpStream, upstream: &str, fault: &Mutex<Fault>) -> std::io::Result<()> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if client.read(&mut byte)? == 0 {
+            return Ok(());
+        }
+        head.push(byte[0]);
+    }
+    let text = String::from_utf8_lossy(&head).into_owned();
+    let request_line = text.lines().next().unwrap_or("").to_owned();
+    let now = fault.lock().unwrap().clone();
+    if let Fault::Refuse(paths) = &now
+        && (paths.is_empty() || paths.iter().any(|p| request_line.contains(p.as_str())))
+    {
+        return Ok(()); // dropped: the client sees the connection closed
+    }
+    let mut rewritten: String = text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.to_ascii_lowercase().starts_with("connection:"))
+        .map(|l| format!("{l}\r\n"))
+        .collect();
+    rewritten.push_str("Connection: close\r\n\r\n");
+    let mut up = TcpStream::connect(upstream)?;
+    up.write_all(rewritten.as_bytes())?;
+    let mut answer = Vec::new();
+    up.read_to_end(&mut answer)?;
+    if now == Fault::FlipRanges
+        && answer.starts_with(b"HTTP/1.1 206")
+        && let Some(at) = answer.windows(4).position(|w| w == b"\r\n\r\n")
+    {
+        let body = at + 4;
+        if answer.len() > body {
+            let mid = body + (answer.len() - body) / 2;
+            answer[mid] ^= 0x5a;
+        }
+    }
+    client.write_all(&answer)
+}
