@@ -608,3 +608,21 @@ fn a_registry_that_fails_or_flips_bytes_gives_clear_errors_and_never_wrong_bytes
     let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "healthy", "busybox", "echo", "hi"]);
     assert_eq!(out, "hi\n", "with the registry honest again, the same image runs");
 }
+
+#[test]
+#[ignore = "needs root, containerd, runc, ctr-remote and the test registry: run by .ci/run"]
+fn a_toc_over_the_limit_is_refused_and_the_layer_fetched_whole() {
+    // The python image's TOC is about 2.5 MB of JSON.
+    let node = Node::start_with("max_toc_size = \"1MiB\"");
+    let image = node.rpull("python:esgz");
+    let layers = node.layer_digests("python:esgz");
+    let log = node.daemon.log();
+    let line = log.lines().find(|l| l.contains("layer fetched whole and unpacked") && l.contains(&layers[0]));
+    let line = line.unwrap_or_else(|| panic!("the log names the layer:\n{log}"));
+    assert!(line.contains("over the limit of 1048576 bytes"), "and says why: {line}");
+    let metrics = node.daemon.metrics_text();
+    assert!(metrics.contains("strata_snapshotter_layers_total{how=\"whole\"} 1"), "{metrics}");
+    let out =
+        node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "python-whole", "python3", "-c", "print(1)"]);
+    assert_eq!(out, "1\n");
+}

@@ -307,9 +307,13 @@ impl Lazy {
             Some(read) => match read.await {
                 Ok(m) => (m, true),
                 // Read ahead and failed: try once more now, as if it had not been.
-                Err(_) => (Arc::new(fetch_toc(&self.registry, &src.image, &src.digest).await?), false),
+                Err(_) => {
+                    (Arc::new(fetch_toc(&self.registry, &src.image, &src.digest, self.opts.max_toc_size).await?), false)
+                }
             },
-            None => (Arc::new(fetch_toc(&self.registry, &src.image, &src.digest).await?), false),
+            None => {
+                (Arc::new(fetch_toc(&self.registry, &src.image, &src.digest, self.opts.max_toc_size).await?), false)
+            }
         };
         let ns = build_layer(self.registry.clone(), &src.image, &src.digest, &member, toc_digest, &self.opts).await?;
         let blob = ns.blob().clone();
@@ -334,9 +338,12 @@ impl Lazy {
             if ahead.iter().any(|(d, _)| d == digest) || !crate::estargz::is_sha256_digest(digest) {
                 continue;
             }
-            let (registry, image, d) = (self.registry.clone(), src.image.clone(), digest.to_owned());
+            let (registry, image, d, max) =
+                (self.registry.clone(), src.image.clone(), digest.to_owned(), self.opts.max_toc_size);
             let read: TocRead =
-                async move { fetch_toc(&registry, &image, &d).await.map(Arc::new).map_err(Arc::new) }.boxed().shared();
+                async move { fetch_toc(&registry, &image, &d, max).await.map(Arc::new).map_err(Arc::new) }
+                    .boxed()
+                    .shared();
             tokio::spawn(read.clone());
             if ahead.len() == TOCS_AHEAD {
                 ahead.pop_front();

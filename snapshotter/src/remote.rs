@@ -82,14 +82,24 @@ pub struct TocMember {
     pub bytes: bytes::Bytes,
 }
 
-/// Finds blob `digest`'s footer and reads its TOC member.
-pub async fn fetch_toc(registry: &Registry, image: &ImageRef, digest: &str) -> Result<TocMember, RemoteError> {
+/// Finds blob `digest`'s footer and reads its TOC member, which may be at most `max_toc_size`
+/// bytes (compressed): a footer pointing far back cannot make the daemon read a whole blob
+/// into memory.
+pub async fn fetch_toc(
+    registry: &Registry,
+    image: &ImageRef,
+    digest: &str,
+    max_toc_size: u64,
+) -> Result<TocMember, RemoteError> {
     let reg_err = |source| RemoteError::Registry { image: image.to_string(), layer: digest.to_owned(), source };
     let fmt_err = |source| RemoteError::Format { image: image.to_string(), layer: digest.to_owned(), source };
     let size = registry.blob_size(image, digest).await.map_err(reg_err)?;
     let tail_start = size.saturating_sub(MAX_FOOTER_SIZE);
     let tail = registry.blob_range(image, digest, tail_start..size).await.map_err(reg_err)?;
     let footer = estargz::parse_footer(&tail, size).map_err(fmt_err)?;
+    if size - footer.len - footer.toc_offset > max_toc_size {
+        return Err(fmt_err(FormatError::TocTooLarge { limit: max_toc_size }));
+    }
     let bytes = registry.blob_range(image, digest, footer.toc_offset..size - footer.len).await.map_err(reg_err)?;
     Ok(TocMember { size, toc_offset: footer.toc_offset, bytes })
 }
@@ -123,7 +133,7 @@ pub async fn open_layer(
     toc_digest: &str,
     opts: &RemoteOptions,
 ) -> Result<LayerNamespace, RemoteError> {
-    let member = fetch_toc(&registry, image, digest).await?;
+    let member = fetch_toc(&registry, image, digest, opts.max_toc_size).await?;
     build_layer(registry, image, digest, &member, toc_digest, opts).await
 }
 

@@ -24,7 +24,7 @@ pub enum FormatError {
     ExternalToc,
     #[error("the footer puts the TOC at {offset}, outside the {size}-byte blob")]
     TocOffset { offset: u64, size: u64 },
-    #[error("the TOC is over the limit of {limit} bytes")]
+    #[error("the TOC is over the limit of {limit} bytes (snapshotter.max_toc_size)")]
     TocTooLarge { limit: u64 },
     #[error("the TOC's digest is {actual}, but the layer's toc.digest annotation says {expected}")]
     TocDigest { expected: String, actual: String },
