@@ -210,14 +210,7 @@ fn join(dir: &str, name: &str) -> String {
 
 impl FsCore {
     pub fn new(ns: Arc<dyn Namespace>, cache: TieredCache, opts: FsOptions) -> FsCore {
-        let root = ns.root().unwrap_or(Node {
-            name: String::new(),
-            kind: NodeKind::Dir,
-            size: 0,
-            version: String::new(),
-            mtime: SystemTime::UNIX_EPOCH,
-            posix: None,
-        });
+        let root = ns.root().unwrap_or_else(|| Node::dir("", SystemTime::UNIX_EPOCH));
         let mut inodes = Inodes { next: ROOT + 1, ..Default::default() };
         inodes.by_ino.insert(ROOT, Inode { path: String::new(), node: root });
         inodes.by_path.insert(String::new(), ROOT);

@@ -46,6 +46,14 @@ pub struct Node {
     pub posix: Option<Posix>,
 }
 
+impl Node {
+    /// A directory the namespace makes up (the root, or a parent no listing names), with no
+    /// owner or mode of its own.
+    pub fn dir(name: impl Into<String>, mtime: SystemTime) -> Node {
+        Node { name: name.into(), kind: NodeKind::Dir, size: 0, version: String::new(), mtime, posix: None }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum NsError {
     #[error(transparent)]

@@ -146,14 +146,7 @@ impl LayerNamespace {
             describe: describe.clone(),
             landmark: toc.landmark,
             pieces,
-            root: Node {
-                name: String::new(),
-                kind: NodeKind::Dir,
-                size: 0,
-                version: String::new(),
-                mtime: SystemTime::UNIX_EPOCH,
-                posix: None,
-            },
+            root: Node::dir("", SystemTime::UNIX_EPOCH),
             dirs: HashMap::new(),
             files: HashMap::new(),
             links: HashMap::new(),
@@ -243,6 +236,10 @@ impl LayerNamespace {
     /// Every distinct chunk of the layer, with a file it belongs to, in blob order.
     pub fn pieces(&self) -> Vec<(String, Chunk)> {
         self.tree.pieces.clone()
+    }
+
+    pub fn piece_count(&self) -> usize {
+        self.tree.pieces.len()
     }
 
     pub fn landmark(&self) -> estargz::Landmark {

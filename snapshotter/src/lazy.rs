@@ -318,7 +318,7 @@ impl Lazy {
         let ns = build_layer(self.registry.clone(), &src.image, &src.digest, &member, toc_digest, &self.opts).await?;
         let blob = ns.blob().clone();
         let prefetch_bytes = fill::prefetch_size(&ns);
-        let progress = Arc::new(Progress::new(ns.pieces().len() as u64));
+        let progress = Arc::new(Progress::new(ns.piece_count() as u64));
         let mounted = mount_layer(ns.clone(), self.cache.clone(), dir, &self.opts).await?;
         tokio::spawn(fill::fill(ns, self.cache.clone(), progress.clone(), self.opts.background_fetch));
         let live =

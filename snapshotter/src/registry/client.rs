@@ -202,15 +202,13 @@ impl Registry {
         while let Some(chunk) = resp.chunk().await.map_err(|source| RegistryError::Http { url: url.clone(), source })? {
             hash.update(&chunk);
             len += chunk.len() as u64;
-            out.write_all(&chunk).map_err(|e| RegistryError::Manifest {
-                reference: url.clone(),
-                reason: format!("writing the blob: {e}"),
-            })?;
+            out.write_all(&chunk)
+                .map_err(|e| RegistryError::Blob { url: url.clone(), reason: format!("writing the blob: {e}") })?;
         }
         let actual = format!("sha256:{}", hex::encode(hash.finalize()));
         if actual != digest {
-            return Err(RegistryError::Manifest {
-                reference: url,
+            return Err(RegistryError::Blob {
+                url,
                 reason: format!("the blob's bytes hash to {actual}, not {digest}"),
             });
         }

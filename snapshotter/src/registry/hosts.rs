@@ -4,7 +4,6 @@
 
 use super::RegistryError;
 use serde::Deserialize;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,36 +17,23 @@ pub struct Endpoint {
     pub pull: bool,
 }
 
+/// A `hosts.toml`: the upstream's settings at the top level, mirrors under `[host."URL"]`.
+/// Keys Strata does not use (`ca`, `client`, `header`) are accepted and ignored, so files
+/// written for containerd load.
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
 struct HostsFile {
     server: Option<String>,
-    capabilities: Option<Vec<String>>,
-    skip_verify: Option<bool>,
+    #[serde(flatten)]
+    upstream: HostEntry,
     #[serde(default)]
     host: toml_ordered::Hosts,
-    override_path: Option<bool>,
-    // Accepted so that files written for containerd load; not used by Strata yet.
-    #[allow(dead_code)]
-    ca: Option<toml::Value>,
-    #[allow(dead_code)]
-    client: Option<toml::Value>,
-    #[allow(dead_code)]
-    header: Option<BTreeMap<String, toml::Value>>,
 }
 
 #[derive(Deserialize, Default, Clone)]
-#[serde(deny_unknown_fields)]
 struct HostEntry {
     capabilities: Option<Vec<String>>,
     skip_verify: Option<bool>,
     override_path: Option<bool>,
-    #[allow(dead_code)]
-    ca: Option<toml::Value>,
-    #[allow(dead_code)]
-    client: Option<toml::Value>,
-    #[allow(dead_code)]
-    header: Option<BTreeMap<String, toml::Value>>,
 }
 
 /// `[host."URL"]` tables keep their file order: mirrors are tried in the order written.
@@ -109,8 +95,13 @@ impl Hosts {
         }
         match &parsed.server {
             Some(url) => out.push(
-                endpoint(url, parsed.capabilities.as_deref(), parsed.skip_verify, parsed.override_path)
-                    .map_err(&err)?,
+                endpoint(
+                    url,
+                    parsed.upstream.capabilities.as_deref(),
+                    parsed.upstream.skip_verify,
+                    parsed.upstream.override_path,
+                )
+                .map_err(&err)?,
             ),
             None => out.push(default_endpoint(host)),
         }

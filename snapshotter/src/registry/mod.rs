@@ -22,6 +22,8 @@ pub enum RegistryError {
     },
     #[error("{url}: the registry answered {status}{detail}")]
     Status { url: String, status: u16, detail: String },
+    #[error("{url}: {reason}")]
+    Blob { url: String, reason: String },
     #[error("{url}: asked for bytes {start}..{end} and got {got}")]
     Range { url: String, start: u64, end: u64, got: String },
     #[error("{url}: authentication failed: {reason}")]
