@@ -46,6 +46,7 @@ pub async fn start(
             prefetch_timeout: cfg.prefetch_timeout.0,
             prefetch_async_size: cfg.prefetch_async_size.0,
             background_fetch: cfg.background_fetch,
+            background_quiet: cfg.background_quiet.0,
             fetch_whole: cfg.fetch_whole,
             metrics: agent.cache.metrics().clone(),
             ..RemoteOptions::default()

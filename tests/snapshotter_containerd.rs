@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::auth_registry::{Auth, AuthRegistry, PASSWORD, USER};
 use common::containerd::{Containerd, registry, registry_log};
 use common::faulty::{Fault, FaultyRegistry};
 use common::*;
@@ -540,30 +541,45 @@ fn bytes_sent(mark: usize, digest: &str) -> u64 {
 #[test]
 #[ignore = "needs root, containerd, runc, ctr-remote and the test registry: run by .ci/run"]
 fn python_starts_having_fetched_a_small_part_of_its_image() {
-    // Without background fill, what is fetched is what start-up reads (and the TOC).
-    let node = Node::start_with("background_fetch = false");
-    let mark = log_mark();
-    let image = node.rpull("python:esgz");
-    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "python", "python3", "-c", "print(1)"]);
-    assert_eq!(out, "1\n");
-    let url = format!("http://{}/v2/strata/python/manifests/esgz", registry());
-    let manifest = std::process::Command::new("curl")
-        .args(["-fsS", "-H", "Accept: application/vnd.oci.image.manifest.v1+json", &url])
-        .output()
-        .unwrap();
-    let m: serde_json::Value = serde_json::from_slice(&manifest.stdout).unwrap();
-    let (mut total, mut fetched) = (0u64, 0u64);
-    for l in m["layers"].as_array().unwrap() {
-        total += l["size"].as_u64().unwrap();
-        fetched += bytes_sent(mark, l["digest"].as_str().unwrap());
+    // The image as `ctr-remote image convert` wrote it, and as `ctr-remote image optimize` did,
+    // with the files python3 read at start-up before its .prefetch.landmark.
+    for reference in ["python:esgz", "python:esgz-opt"] {
+        // Without background fill, what is fetched is what start-up reads (and the TOC). A
+        // node each: chunks are shared by digest, so a second pull would find them cached.
+        let node = Node::start_with("background_fetch = false");
+        let mark = log_mark();
+        let image = node.rpull(reference);
+        let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "python", "python3", "-c", "print(1)"]);
+        assert_eq!(out, "1\n");
+        let (tag_repo, tag) = reference.split_once(':').unwrap();
+        let url = format!("http://{}/v2/strata/{tag_repo}/manifests/{tag}", registry());
+        let manifest = std::process::Command::new("curl")
+            .args(["-fsS", "-H", "Accept: application/vnd.oci.image.manifest.v1+json", &url])
+            .output()
+            .unwrap();
+        let m: serde_json::Value = serde_json::from_slice(&manifest.stdout).unwrap();
+        let (mut total, mut fetched) = (0u64, 0u64);
+        for l in m["layers"].as_array().unwrap() {
+            total += l["size"].as_u64().unwrap();
+            fetched += bytes_sent(mark, l["digest"].as_str().unwrap());
+        }
+        let share = fetched as f64 / total as f64;
+        eprintln!(
+            "{reference}: python3 -c 'print(1)': {fetched} of {total} compressed bytes fetched before its output ({:.1}%)",
+            share * 100.0
+        );
+        assert!(fetched > 0, "the registry log shows the reads");
+        assert!(
+            share < 0.20,
+            "{reference}: {fetched} of {total} bytes ({:.1}%) before the first output",
+            share * 100.0
+        );
+        if reference.ends_with("-opt") {
+            let layer = m["layers"][0]["digest"].as_str().unwrap();
+            let l = node.layer_when(layer, |l| l["prefetch"] == "done");
+            assert!(l["prefetch_bytes"].as_u64().unwrap() > 1 << 20, "optimize put python3's files first: {l:#}");
+        }
     }
-    let share = fetched as f64 / total as f64;
-    eprintln!(
-        "python3 -c 'print(1)': {fetched} of {total} compressed bytes fetched before its output ({:.1}%)",
-        share * 100.0
-    );
-    assert!(fetched > 0, "the registry log shows the reads");
-    assert!(share < 0.20, "{fetched} of {total} bytes ({:.1}%) fetched before the first output", share * 100.0);
 }
 
 #[test]
@@ -611,6 +627,38 @@ fn a_registry_that_fails_or_flips_bytes_gives_clear_errors_and_never_wrong_bytes
 
 #[test]
 #[ignore = "needs root, containerd, runc, ctr-remote and the test registry: run by .ci/run"]
+fn a_truncated_blob_is_a_clear_error_and_a_retry_works() {
+    let proxy = FaultyRegistry::start(&registry());
+    let node = Node::start();
+    let layers = node.layer_digests("busybox:esgz-64k");
+    let image = format!("{}/strata/busybox:esgz-64k", proxy.addr);
+    let rpull =
+        |image: &str| node.containerd.ctr_remote(&["image", "rpull", "--plain-http", "--snapshotter", "strata", image]);
+
+    // Every answer for a layer blob ends half-way: neither the footer and TOC nor the whole
+    // blob can be had, and the pull fails saying which layer and that its bytes ended early.
+    proxy.set(Fault::Truncate(layers.clone()));
+    let out = rpull(&image);
+    assert!(!out.status.success(), "a pull of truncated blobs cannot succeed");
+    let log = node.daemon.log();
+    let line = log.lines().find(|l| l.contains(&layers[0]) && l.contains("fetching it whole failed"));
+    let line = line.unwrap_or_else(|| panic!("Strata names the layer:\n{log}"));
+    assert!(line.contains("ended early") || line.contains("short"), "and says its bytes ended early: {line}");
+    let report = node.layers_report();
+    let l = report.iter().find(|l| l["layer"] == layers[0].as_str()).unwrap_or_else(|| panic!("{report:#?}"));
+    assert_eq!((&l["lazy"], &l["how"]), (&false.into(), &"containerd".into()), "not mounted on part of a blob: {l:#}");
+    assert!(l["reason"].as_str().unwrap().contains("ended early"), "{l:#}");
+
+    proxy.set(Fault::None);
+    let out = rpull(&image);
+    assert!(out.status.success(), "a retry works: {}", String::from_utf8_lossy(&out.stderr));
+    node.layer_when(&layers[0], |l| l["lazy"] == true);
+    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "whole-again", "cat", "/etc/motd"]);
+    assert_eq!(out, "strata layer two\n");
+}
+
+#[test]
+#[ignore = "needs root, containerd, runc, ctr-remote and the test registry: run by .ci/run"]
 fn a_toc_over_the_limit_is_refused_and_the_layer_fetched_whole() {
     // The python image's TOC is about 2.5 MB of JSON.
     let node = Node::start_with("max_toc_size = \"1MiB\"");
@@ -625,4 +673,226 @@ fn a_toc_over_the_limit_is_refused_and_the_layer_fetched_whole() {
     let out =
         node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "python-whole", "python3", "-c", "print(1)"]);
     assert_eq!(out, "1\n");
+}
+
+/// `reference`'s chain ID: the name its top layer is committed under (containerd's identity
+/// of a layer stack: sha256 of "parent-chain diff-id", from the config's diff_ids).
+fn chain_id(reference: &str) -> String {
+    let (repo, tag) = reference.split_once(':').unwrap();
+    let get = |path: String, accept: &str| {
+        let out = std::process::Command::new("curl")
+            .args(["-fsS", "-H", &format!("Accept: {accept}")])
+            .arg(format!("http://{}/v2/strata/{repo}/{path}", registry()))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{path}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let manifest = get(format!("manifests/{tag}"), "application/vnd.oci.image.manifest.v1+json");
+    let config = get(format!("blobs/{}", manifest["config"]["digest"].as_str().unwrap()), "*/*");
+    let mut chain = String::new();
+    for diff in config["rootfs"]["diff_ids"].as_array().unwrap() {
+        let diff = diff.as_str().unwrap();
+        chain = if chain.is_empty() {
+            diff.to_string()
+        } else {
+            format!("sha256:{}", sha(format!("{chain} {diff}").as_bytes()))
+        };
+    }
+    chain
+}
+
+/// `umoci unpack` of `reference`, copied from the registry by skopeo, into `dir/bundle`.
+fn umoci_unpack(reference: &str, dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let layout = format!("{}:img", dir.join("oci").display());
+    let run = |cmd: &str, args: &[&str]| {
+        let out = std::process::Command::new(cmd).args(args).output().unwrap();
+        assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let src = format!("docker://{}/strata/{reference}", registry());
+    run("skopeo", &["copy", "-q", "--src-tls-verify=false", &src, &format!("oci:{layout}")]);
+    let bundle = dir.join("bundle");
+    run("umoci", &["unpack", "--image", &layout, bundle.to_str().unwrap()]);
+    bundle.join("rootfs")
+}
+
+#[test]
+#[ignore = "needs root, containerd, skopeo, umoci and the test registry: run by .ci/run"]
+fn lazily_mounted_images_hold_what_umoci_unpacks() {
+    let node = Node::start();
+    let work = tempfile::tempdir().unwrap();
+    // specials: hard links, a device, a fifo, setuid, an xattr, another owner, a whiteout;
+    // python: an image `ctr-remote image optimize` wrote, with its prefetch landmark.
+    for reference in ["specials:esgz", "python:esgz-opt"] {
+        node.rpull(reference);
+        for d in &node.layer_digests(reference) {
+            node.layer_when(d, |l| l["lazy"] == true);
+        }
+        // A read-only view of the image, mounted here as containerd would mount it.
+        let view = format!("view-{}", reference.replace(':', "-"));
+        let mounts =
+            node.ctr(&["snapshots", "--snapshotter", "strata", "view", "--mounts", &view, &chain_id(reference)]);
+        let mounts: Vec<serde_json::Value> = serde_json::from_str(&mounts).unwrap();
+        let target = work.path().join(&view);
+        std::fs::create_dir_all(&target).unwrap();
+        // containerd's mount type, printed with Go's field names.
+        let m = &mounts[0];
+        let options: Vec<&str> = m["Options"].as_array().unwrap().iter().map(|o| o.as_str().unwrap()).collect();
+        let out = std::process::Command::new("mount")
+            .args(["-t", m["Type"].as_str().unwrap(), "-o", &options.join(",")])
+            .arg(m["Source"].as_str().unwrap())
+            .arg(&target)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "mount {m}: {}", String::from_utf8_lossy(&out.stderr));
+        let _unmount = Unmount(target.clone());
+
+        let unpacked = umoci_unpack(reference, &work.path().join(reference.replace(':', "-")));
+        let (mut lazy, lazy_links) = common::tree::tree(&target);
+        let (mut plain, plain_links) = common::tree::tree(&unpacked);
+        // The eStargz format's own files are not the image's; Strata hides them, as
+        // stargz-snapshotter does, while a plain unpack writes them out.
+        for meta in ["stargz.index.json", ".prefetch.landmark", ".no.prefetch.landmark"] {
+            plain.remove(meta);
+        }
+        // A layer whose tar leaves out a parent directory (umoci's diffs leave out the ones
+        // they did not change) gives no time for it, and overlayfs shows the upper layer's
+        // copy: Strata's has time 0, containerd's own unpack the time of unpacking. Every
+        // directory the layers do list is compared in full.
+        for (path, e) in lazy.iter_mut().filter(|(_, e)| e.kind == "dir" && e.mtime == 0) {
+            if let Some(p) = plain.get_mut(path) {
+                p.mtime = e.mtime;
+            }
+        }
+        let diff = common::tree::differences(&lazy, &plain, 20);
+        assert!(
+            diff.is_empty(),
+            "{reference}: lazy mount (first) and umoci unpack (second) differ:\n{}",
+            diff.join("\n")
+        );
+        assert_eq!(lazy_links, plain_links, "{reference}: hard links");
+        assert!(lazy.len() > 10, "{reference}: {} entries compared", lazy.len());
+        eprintln!(
+            "{reference}: {} entries and {} hard-link groups equal to umoci unpack",
+            lazy.len(),
+            lazy_links.len()
+        );
+    }
+}
+
+/// Unmounts on drop, so a failed assertion leaves no mount behind.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Pulls busybox:esgz from `host` lazily, with ctr-remote's `extra` flags (its own login, a
+/// hosts dir), and checks that both layers are lazy mounts and a container runs on them.
+fn pull_lazily_from(node: &Node, host: &str, extra: &[&str]) -> Vec<String> {
+    let image = format!("{host}/strata/busybox:esgz");
+    let mut args = vec!["image", "rpull", "--plain-http", "--snapshotter", "strata"];
+    args.extend_from_slice(extra);
+    args.push(&image);
+    let out = node.containerd.ctr_remote(&args);
+    assert!(out.status.success(), "rpull {image}: {}\n{}", String::from_utf8_lossy(&out.stderr), node.daemon.log());
+    let layers = node.layer_digests("busybox:esgz");
+    for d in &layers {
+        let l = node.layer_when(d, |l| l["image"] == image.as_str());
+        assert_eq!(l["lazy"], true, "{l:#}");
+    }
+    // runc's state is shared by the tests' containerds, so names differ.
+    let name = format!("from-{}", host.replace([':', '.'], "-"));
+    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, &name, "cat", "/etc/motd"]);
+    assert_eq!(out, "strata layer two\n");
+    layers
+}
+
+#[test]
+#[ignore = "needs root, containerd, docker-registry, htpasswd and the test registry: run by .ci/run"]
+fn a_registry_behind_basic_auth_is_read_with_the_docker_login() {
+    let reg = AuthRegistry::start(Auth::Basic);
+    let login = format!("{USER}:{PASSWORD}");
+    // The login from config.json: lazy, from a registry that turns anonymous readers away.
+    let config = reg.docker_config(PASSWORD);
+    let node = Node::start_with(&format!("docker_config = \"{}\"", config.display()));
+    pull_lazily_from(&node, &reg.addr, &["--user", &login]);
+    drop(node);
+
+    // A wrong password: Strata cannot read the layers and says why; containerd, which has the
+    // right login, fetches them itself, and the container still runs.
+    let config = reg.docker_config("not-the-password");
+    let node = Node::start_with(&format!("docker_config = \"{}\"", config.display()));
+    let image = format!("{}/strata/busybox:esgz", reg.addr);
+    let out = node.containerd.ctr_remote(&[
+        "image",
+        "rpull",
+        "--plain-http",
+        "--snapshotter",
+        "strata",
+        "--user",
+        &login,
+        &image,
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let layer = &node.layer_digests("busybox:esgz")[0];
+    let l = node.layer_when(layer, |l| l["image"] == image.as_str());
+    assert_eq!((&l["lazy"], &l["how"]), (&false.into(), &"containerd".into()), "{l:#}");
+    let reason = l["reason"].as_str().unwrap();
+    assert!(reason.contains("401"), "the reason names the refusal: {reason}");
+    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "fallback", "cat", "/etc/motd"]);
+    assert_eq!(out, "strata layer two\n");
+}
+
+#[test]
+#[ignore = "needs root, containerd, docker-registry, openssl and the test registry: run by .ci/run"]
+fn a_registry_with_token_auth_is_read_with_a_bearer_token() {
+    let reg = AuthRegistry::start(Auth::Token);
+    let config = reg.docker_config(PASSWORD);
+    let node = Node::start_with(&format!("docker_config = \"{}\"", config.display()));
+    pull_lazily_from(&node, &reg.addr, &["--user", &format!("{USER}:{PASSWORD}")]);
+    // Strata asked the token server itself, with the login, for pull access to the repository.
+    let asked = reg.token_requests.lock().unwrap().clone();
+    let ours: Vec<_> = asked.iter().filter(|r| r.user_agent.starts_with("strata/")).collect();
+    assert!(!ours.is_empty(), "Strata asked for a token: {asked:#?}");
+    for r in &ours {
+        assert!(r.login_ok, "with the login from config.json: {r:?}");
+        assert!(
+            r.line.contains("repository%3Astrata%2Fbusybox%3Apull")
+                || r.line.contains("repository:strata/busybox:pull"),
+            "{r:?}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root, containerd and the test registry: run by .ci/run"]
+fn a_hosts_toml_mirror_serves_a_registry_that_is_down() {
+    // The image's own registry is a port nothing listens on; hosts.toml sends reads to a
+    // mirror (the test registry), as containerd's config_path does.
+    let dead = common::free_port();
+    let hosts = tempfile::tempdir().unwrap();
+    let dir = hosts.path().join(format!("127.0.0.1:{dead}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("hosts.toml"),
+        format!(
+            "server = \"http://127.0.0.1:{dead}\"\n[host.\"http://{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+            registry()
+        ),
+    )
+    .unwrap();
+    let node = Node::start_with(&format!("hosts_dir = \"{}\"", hosts.path().display()));
+    let mark = log_mark();
+    let layers =
+        pull_lazily_from(&node, &format!("127.0.0.1:{dead}"), &["--hosts-dir", hosts.path().to_str().unwrap()]);
+    // Strata's ranged reads went to the mirror.
+    let ranged = registry_log()[mark..]
+        .lines()
+        .filter(|l| l.contains("\" 206 ") && l.contains("strata/") && layers.iter().any(|d| l.contains(d.as_str())))
+        .count();
+    assert!(ranged > 0, "the mirror served Strata's ranged reads");
 }

@@ -81,8 +81,9 @@ pub fn prefetch_size(ns: &LayerNamespace) -> Option<u64> {
     }
 }
 
-/// Runs the prefetch, then (if `background`) the rest of the layer.
-pub async fn fill(ns: LayerNamespace, cache: TieredCache, progress: Arc<Progress>, background: bool) {
+/// Runs the prefetch, then (if `background` is given) the rest of the layer, once the node has
+/// had no container reads for that long.
+pub async fn fill(ns: LayerNamespace, cache: TieredCache, progress: Arc<Progress>, background: Option<Duration>) {
     let pieces = ns.pieces();
     let blob = ns.blob().clone();
     match prefetch_size(&ns) {
@@ -103,14 +104,16 @@ pub async fn fill(ns: LayerNamespace, cache: TieredCache, progress: Arc<Progress
             progress.prefetch.send_replace(Stage::None);
         }
     }
-    if !background {
+    let Some(quiet) = background else {
         progress.background.send_replace(Stage::None);
         return;
-    }
+    };
+    // Containers starting now need the link more than this layer's remaining chunks do.
+    blob.activity.quiet(quiet).await;
     progress.background.send_replace(Stage::Running);
     // Consecutive chunks, as many as fit in one request.
     let mut groups: Vec<Vec<&(String, Chunk)>> = Vec::new();
-    for piece in &pieces {
+    for piece in pieces.iter() {
         let fits = groups
             .last()
             .and_then(|g| g.first())

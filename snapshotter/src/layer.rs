@@ -8,17 +8,16 @@
 //! and the names of one hard-link group share an inode.
 
 use crate::estargz::{self, Chunk, EntryKind, Toc};
+use crate::fetch::LayerFetcher;
 use crate::registry::{ImageRef, Registry};
-use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, SystemTime};
 use strata_cachefs::namespace::Posix;
 use strata_cachefs::{Namespace, Node, NodeKind, NsError};
-use strata_tiering::key::Identity;
-use strata_tiering::{ChunkKey, FetchError, Fetcher};
+use strata_tiering::{ChunkKey, Fetcher};
 
 const WHITEOUT: &str = ".wh.";
 const OPAQUE: &str = ".wh..wh..opq";
@@ -48,6 +47,12 @@ pub struct Blob {
     pub demand: std::sync::atomic::AtomicUsize,
     /// Counts chunks whose bytes did not match their digest.
     pub rejects: strata_tiering::metrics::Metrics,
+    /// The node's clock of container reads, which background fill waits on.
+    pub activity: Arc<crate::activity::Activity>,
+    /// How far demand reads have walked the blob, and the read ahead of them in flight.
+    pub(crate) walk: std::sync::Mutex<crate::readaround::Walk>,
+    /// Where read-around puts the chunks it brings: the cache the layer is mounted over.
+    pub cache: std::sync::OnceLock<strata_tiering::TieredCache>,
 }
 
 impl Blob {
@@ -60,6 +65,9 @@ impl Blob {
             fetched: AtomicU64::new(0),
             demand: Default::default(),
             rejects: Default::default(),
+            activity: Default::default(),
+            walk: Default::default(),
+            cache: Default::default(),
         }
     }
 
@@ -68,14 +76,20 @@ impl Blob {
         self.rejects = metrics;
         self
     }
+
+    /// Reports reads to the node's `activity`, not to a private clock.
+    pub fn with_activity(mut self, activity: Arc<crate::activity::Activity>) -> Blob {
+        self.activity = activity;
+        self
+    }
 }
 
 /// A regular file's chunks, and where each chunk digest sits among them.
 #[derive(Debug)]
-struct FileData {
-    path: String,
-    chunks: Vec<Chunk>,
-    by_digest: HashMap<String, usize>,
+pub(crate) struct FileData {
+    pub(crate) path: String,
+    pub(crate) chunks: Vec<Chunk>,
+    pub(crate) by_digest: HashMap<String, usize>,
 }
 
 #[derive(Debug)]
@@ -83,7 +97,7 @@ struct Tree {
     describe: String,
     landmark: estargz::Landmark,
     /// Every distinct chunk with a file it belongs to, in blob order.
-    pieces: Vec<(String, Chunk)>,
+    pieces: Arc<Vec<(String, Chunk)>>,
     root: Node,
     dirs: HashMap<String, Vec<Node>>,
     files: HashMap<String, Arc<FileData>>,
@@ -145,7 +159,7 @@ impl LayerNamespace {
         let mut tree = Tree {
             describe: describe.clone(),
             landmark: toc.landmark,
-            pieces,
+            pieces: Arc::new(pieces),
             root: Node::dir("", SystemTime::UNIX_EPOCH),
             dirs: HashMap::new(),
             files: HashMap::new(),
@@ -234,7 +248,7 @@ impl LayerNamespace {
     }
 
     /// Every distinct chunk of the layer, with a file it belongs to, in blob order.
-    pub fn pieces(&self) -> Vec<(String, Chunk)> {
+    pub fn pieces(&self) -> Arc<Vec<(String, Chunk)>> {
         self.tree.pieces.clone()
     }
 
@@ -317,66 +331,10 @@ impl Namespace for LayerNamespace {
     }
 
     fn fetcher(&self, path: &str, _node: &Node) -> Arc<dyn Fetcher> {
-        Arc::new(LayerFetcher { blob: self.blob.clone(), file: self.tree.files.get(path).cloned() })
-    }
-}
-
-struct DemandGuard(Arc<Blob>);
-
-impl Drop for DemandGuard {
-    fn drop(&mut self) {
-        self.0.demand.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Fetches the chunks of one file: the compressed range, then decompression and the digest
-/// check. Only verified bytes are returned, so only verified bytes are ever cached.
-struct LayerFetcher {
-    blob: Arc<Blob>,
-    file: Option<Arc<FileData>>,
-}
-
-#[derive(Debug, thiserror::Error)]
-enum ChunkFetchError {
-    #[error("no chunk {0} in this file of the layer")]
-    Unknown(String),
-    #[error(transparent)]
-    Registry(#[from] crate::registry::RegistryError),
-    #[error(transparent)]
-    Format(#[from] estargz::FormatError),
-}
-
-impl Fetcher for LayerFetcher {
-    fn fetch(&self, key: &ChunkKey) -> BoxFuture<'static, Result<Bytes, FetchError>> {
-        let digest = match &key.identity {
-            Identity::Digest { digest } => digest.clone(),
-            other => format!("{other:?}"),
-        };
-        let blob = self.blob.clone();
-        let chunk =
-            self.file.as_ref().and_then(|f| f.by_digest.get(&digest).map(|&i| (f.path.clone(), f.chunks[i].clone())));
-        Box::pin(async move {
-            let (path, chunk) = chunk.ok_or_else(|| Arc::new(ChunkFetchError::Unknown(digest)) as FetchError)?;
-            // Counted while it runs, so background fill stands aside.
-            blob.demand.fetch_add(1, Ordering::Relaxed);
-            let _demand = DemandGuard(blob.clone());
-            let range = chunk.offset..chunk.compressed_end;
-            let compressed = blob
-                .registry
-                .blob_range(&blob.image, &blob.digest, range)
-                .await
-                .map_err(|e| Arc::new(ChunkFetchError::from(e)) as FetchError)?;
-            blob.fetched.fetch_add(compressed.len() as u64, Ordering::Relaxed);
-            let decoded = tokio::task::spawn_blocking(move || estargz::decode_chunk(&path, &chunk, &compressed))
-                .await
-                .map_err(|e| Arc::new(std::io::Error::other(e.to_string())) as FetchError)?;
-            let bytes = decoded.map_err(|e| {
-                // Flipped or foreign bytes: the read fails, nothing is cached, and it shows.
-                blob.rejects.layer_chunk_rejects.inc();
-                tracing::error!(layer = %blob.digest, error = %e, "a chunk from the registry failed verification");
-                Arc::new(ChunkFetchError::from(e)) as FetchError
-            })?;
-            Ok(Bytes::from(bytes))
+        Arc::new(LayerFetcher {
+            blob: self.blob.clone(),
+            file: self.tree.files.get(path).cloned(),
+            pieces: self.tree.pieces.clone(),
         })
     }
 }

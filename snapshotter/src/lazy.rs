@@ -148,6 +148,8 @@ impl Lazy {
         labels: BTreeMap<String, String>,
         src: Result<LayerSource, String>,
     ) -> Result<Prepared, SnapshotError> {
+        // A pull or a container start is under way: background fill holds off.
+        self.opts.activity.touch();
         let target = labels.get(TARGET_LABEL).cloned().unwrap_or_default();
         {
             let (inner, t) = (inner.clone(), target.clone());
@@ -320,7 +322,8 @@ impl Lazy {
         let prefetch_bytes = fill::prefetch_size(&ns);
         let progress = Arc::new(Progress::new(ns.piece_count() as u64));
         let mounted = mount_layer(ns.clone(), self.cache.clone(), dir, &self.opts).await?;
-        tokio::spawn(fill::fill(ns, self.cache.clone(), progress.clone(), self.opts.background_fetch));
+        let background = self.opts.background_fetch.then_some(self.opts.background_quiet);
+        tokio::spawn(fill::fill(ns, self.cache.clone(), progress.clone(), background));
         let live =
             Live { mount: mounted, snapshot: snapshot.to_owned(), blob, progress: progress.clone(), prefetch_bytes };
         if let Some(old) = self.mounts.lock().await.insert(id, live) {
@@ -412,6 +415,7 @@ impl Lazy {
     /// Makes sure every remote layer under `key` is mounted, mounting again any that is not
     /// (after a restart, or a mount that died), before containerd mounts an overlay over them.
     pub async fn ensure_chain(&self, inner: &Arc<Snapshotter>, key: &str) -> Result<(), SnapshotError> {
+        self.opts.activity.touch();
         let chain = {
             let (inner, key) = (inner.clone(), key.to_owned());
             blocking(move || inner.chain(&key)).await

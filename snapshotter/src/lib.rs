@@ -1,10 +1,12 @@
 //! strata-snapshotter: the containerd snapshotter that Strata serves as a proxy plugin.
 //!
-//! Today it serves ordinary overlay snapshots, with containerd's overlayfs semantics and a
-//! persistent metadata store. Remote (lazy) layers build on it.
+//! It serves ordinary overlay snapshots, with containerd's overlayfs semantics and a persistent
+//! metadata store, and remote layers: eStargz blobs mounted lazily through cachefs.
 
+pub mod activity;
 pub mod error;
 pub mod estargz;
+pub mod fetch;
 pub mod fill;
 pub mod filter;
 pub mod layer;
@@ -12,6 +14,7 @@ pub mod lazy;
 pub mod model;
 pub mod overlay;
 pub mod proto;
+pub mod readaround;
 pub mod registry;
 pub mod remote;
 pub mod report;

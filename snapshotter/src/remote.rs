@@ -51,6 +51,10 @@ pub struct RemoteOptions {
     pub prefetch_async_size: u64,
     /// Fetch the rest of each layer in the background, after the prefetch.
     pub background_fetch: bool,
+    /// How long the node must have had no container reads before background fill starts.
+    pub background_quiet: Duration,
+    /// The node's clock of container reads and snapshot calls.
+    pub activity: Arc<crate::activity::Activity>,
     /// Fetch a layer that cannot be lazy whole and unpack it, rather than leave it (and every
     /// layer after it) to containerd.
     pub fetch_whole: bool,
@@ -67,6 +71,8 @@ impl Default for RemoteOptions {
             prefetch_timeout: Duration::from_secs(10),
             prefetch_async_size: 512 << 20,
             background_fetch: true,
+            background_quiet: Duration::from_secs(1),
+            activity: Default::default(),
             fetch_whole: true,
             metrics: Default::default(),
         }
@@ -120,8 +126,11 @@ pub async fn build_layer(
         .await
         .map_err(|e| fmt_err(FormatError::TocMember(e.to_string())))?
         .map_err(fmt_err)?;
-    let blob =
-        Arc::new(Blob::new(registry, image.clone(), digest.to_owned(), member.size).with_metrics(opts.metrics.clone()));
+    let blob = Arc::new(
+        Blob::new(registry, image.clone(), digest.to_owned(), member.size)
+            .with_metrics(opts.metrics.clone())
+            .with_activity(opts.activity.clone()),
+    );
     Ok(LayerNamespace::new(&toc, blob)?)
 }
 
@@ -146,6 +155,7 @@ pub async fn mount_layer(
     opts: &RemoteOptions,
 ) -> Result<Mounted, RemoteError> {
     let layer = ns.blob().digest.clone();
+    let _ = ns.blob().cache.set(cache.clone());
     let forever = Duration::from_secs(365 * 86400);
     let fs = FsOptions {
         metadata_ttl: None,

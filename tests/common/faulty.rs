@@ -1,6 +1,7 @@
 //! A fault-injecting proxy in front of the test registry, for tests of what Strata does when a
 //! registry misbehaves: it can refuse requests for some paths (a registry gone mid-pull), or
-//! flip a byte in every ranged answer (a registry serving corrupt bytes). One request per
+//! flip a byte in every ranged answer (a registry serving corrupt bytes), or cut blob answers
+//! short (a truncated blob). One request per
 //! connection, so each answer can be changed whole.
 
 use std::io::{Read, Write};
@@ -15,6 +16,9 @@ pub enum Fault {
     Refuse(Vec<String>),
     /// Flip one byte in the body of every 206 answer.
     FlipRanges,
+    /// Send only the first half of the body of answers whose request line contains any of
+    /// these, then close the connection, as a registry whose blob ends early does.
+    Truncate(Vec<String>),
 }
 
 pub struct FaultyRegistry {
@@ -81,6 +85,13 @@ fn relay(mut client: TcpStream, upstream: &str, fault: &Mutex<Fault>) -> std::io
             let mid = body + (answer.len() - body) / 2;
             answer[mid] ^= 0x5a;
         }
+    }
+    if let Fault::Truncate(paths) = &now
+        && paths.iter().any(|p| request_line.contains(p.as_str()))
+        && let Some(at) = answer.windows(4).position(|w| w == b"\r\n\r\n")
+    {
+        let body = at + 4;
+        answer.truncate(body + (answer.len() - body) / 2);
     }
     client.write_all(&answer)
 }

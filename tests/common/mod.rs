@@ -9,9 +9,11 @@ use std::process::{Child, Command, Output};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub mod auth_registry;
 pub mod containerd;
 pub mod faulty;
 pub mod mount;
+pub mod tree;
 #[allow(unused_imports)]
 pub use mount::{Mount, mounted};
 

@@ -8,7 +8,9 @@
 # its own under WORKDIR): :esgz (default 4 MiB chunks), :esgz-64k (64 KiB chunks, so that files
 # span many chunks) and :esgz-prefetch (with a prefetch landmark); and :esgz and :bad-toc of
 # strata/specials:1 (below); and strata/python:1, a Debian bookworm minbase with python3 made by
-# debootstrap from the machine's Debian mirror, with its eStargz :esgz.
+# debootstrap from the machine's Debian mirror, with its eStargz :esgz and :esgz-opt, the latter
+# made by `ctr-remote image optimize`, which runs `python3 -c 'print(1)'` in the image and puts
+# the files it read before the .prefetch.landmark.
 set -euo pipefail
 
 REGISTRY=${1:?registry host:port}; WORK=${2:?work dir}
@@ -105,7 +107,10 @@ remote image pull --plain-http "$REGISTRY/strata/specials:1" >/dev/null
 remote image pull --plain-http "$REGISTRY/strata/python:1" >/dev/null
 remote image convert --oci --estargz "$REGISTRY/strata/python:1" "$REGISTRY/strata/python:esgz" >/dev/null
 remote image convert --oci --estargz "$REGISTRY/strata/specials:1" "$REGISTRY/strata/specials:esgz" >/dev/null
-for ref in busybox:esgz busybox:esgz-64k busybox:esgz-prefetch specials:esgz python:esgz; do
+remote image optimize --oci --period 3 --entrypoint '["/usr/bin/python3"]' --args '["-c","print(1)"]' \
+  "$REGISTRY/strata/python:1" "$REGISTRY/strata/python:esgz-opt" >"$WORK/optimize.log" 2>&1 ||
+  { echo "images: ctr-remote image optimize failed; its log:" >&2; tail -20 "$WORK/optimize.log" >&2; exit 1; }
+for ref in busybox:esgz busybox:esgz-64k busybox:esgz-prefetch specials:esgz python:esgz python:esgz-opt; do
   remote image push --plain-http "$REGISTRY/strata/$ref" >/dev/null
   echo "images: pushed $REGISTRY/strata/$ref (eStargz by ctr-remote)" >&2
 done

@@ -75,6 +75,10 @@ pub struct SnapshotterConfig {
     /// After the prefetch, fetch the rest of each lazy layer in the background.
     #[serde(default = "yes")]
     pub background_fetch: bool,
+    /// Background fetch starts once no container has read from a lazy layer, and no snapshot
+    /// has been prepared, for this long: a starting container has the link to itself.
+    #[serde(default = "default_background_quiet")]
+    pub background_quiet: Dur,
     /// Fetch a layer that cannot be lazy (not eStargz, or a TOC that does not verify) whole,
     /// checked against its digest, and unpack it here, instead of leaving it to containerd,
     /// which would then fetch every following layer too.
@@ -96,9 +100,14 @@ impl Default for SnapshotterConfig {
             prefetch_timeout: default_prefetch_timeout(),
             prefetch_async_size: default_prefetch_async(),
             background_fetch: true,
+            background_quiet: default_background_quiet(),
             fetch_whole: true,
         }
     }
+}
+
+fn default_background_quiet() -> Dur {
+    Dur(std::time::Duration::from_secs(1))
 }
 
 fn default_hosts_dir() -> PathBuf {

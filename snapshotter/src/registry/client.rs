@@ -163,7 +163,7 @@ impl Registry {
             return Ok(Bytes::new());
         }
         let header = format!("bytes={}-{}", range.start, range.end - 1);
-        let resp = self
+        let mut resp = self
             .send(image, &format!("/blobs/{digest}"), Method::GET, |r| r.header(RANGE, header.clone()), false)
             .await?;
         let url = resp.url().to_string();
@@ -178,11 +178,19 @@ impl Registry {
         if !content_range.starts_with(&expected_prefix) {
             return Err(bad(format!("Content-Range {content_range:?}")));
         }
-        let body = resp.bytes().await.map_err(|source| RegistryError::Http { url: url.clone(), source })?;
-        if body.len() as u64 != range.end - range.start {
+        let want = range.end - range.start;
+        let mut body = bytes::BytesMut::with_capacity(want as usize);
+        while let Some(chunk) = resp.chunk().await.map_err(|e| ended_early(&url, body.len() as u64, Some(want), &e))? {
+            // Never hold more than was asked for, whatever the server sends.
+            if body.len() + chunk.len() > want as usize {
+                return Err(bad(format!("more than {want} bytes")));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        if body.len() as u64 != want {
             return Err(bad(format!("{} bytes", body.len())));
         }
-        Ok(body)
+        Ok(body.freeze())
     }
 
     /// Streams blob `digest` into `out`, checking that its bytes hash to the digest; returns
@@ -197,9 +205,10 @@ impl Registry {
         use std::io::Write;
         let mut resp = self.send(image, &format!("/blobs/{digest}"), Method::GET, |r| r, false).await?;
         let url = resp.url().to_string();
+        let expected = resp.content_length();
         let mut hash = Sha256::new();
         let mut len = 0u64;
-        while let Some(chunk) = resp.chunk().await.map_err(|source| RegistryError::Http { url: url.clone(), source })? {
+        while let Some(chunk) = resp.chunk().await.map_err(|e| ended_early(&url, len, expected, &e))? {
             hash.update(&chunk);
             len += chunk.len() as u64;
             out.write_all(&chunk)
@@ -299,7 +308,11 @@ impl Registry {
             };
             resp = attempt(Some(header.clone())).await.map_err(http)?;
             if resp.status() == StatusCode::UNAUTHORIZED {
-                return Err(RegistryError::Auth { url, reason: "credentials refused".into() });
+                let whose = match login {
+                    Some(_) => format!("the login for {} (docker config.json)", image.host),
+                    None => "an anonymous token".to_owned(),
+                };
+                return Err(RegistryError::Auth { url, reason: format!("401 Unauthorized: {whose} was refused") });
             }
             self.auth.lock().unwrap_or_else(|p| p.into_inner()).insert(key, header);
         }
@@ -313,6 +326,19 @@ impl Registry {
         };
         Err(RegistryError::Status { url, status, detail })
     }
+}
+
+/// A body that broke off: how far it got, and the transport's own reason with its causes, which
+/// reqwest's top-level message ("error decoding response body") leaves out.
+fn ended_early(url: &str, got: u64, expected: Option<u64>, e: &reqwest::Error) -> RegistryError {
+    let mut why = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        why = format!("{why}: {c}");
+        cause = c.source();
+    }
+    let of = expected.map(|n| format!(" of {n}")).unwrap_or_default();
+    RegistryError::Blob { url: url.to_owned(), reason: format!("the body ended early, after {got}{of} bytes ({why})") }
 }
 
 fn parse_manifest(image: &ImageRef, body: &[u8]) -> Result<RawManifest, RegistryError> {

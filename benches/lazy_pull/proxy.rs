@@ -1,0 +1,109 @@
+//! A TCP proxy that stands for the distance between a node and its registry: every byte is held
+//! for half the round trip in each direction, and a new connection waits one round trip before
+//! anything flows, as a TCP handshake would. The kernel (tc, see `shaper.rs`) limits the rate;
+//! this adds what netem would, on a kernel without it. It counts the bytes sent to clients.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// Bytes in flight per direction: well above 1 Gbit/s × 20 ms, so the delay never caps the rate.
+const IN_FLIGHT: usize = 512;
+const READ_SIZE: usize = 64 << 10;
+
+#[derive(Debug)]
+pub struct DelayProxy {
+    pub addr: SocketAddr,
+    sent: Arc<AtomicU64>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl DelayProxy {
+    /// Listens on a free loopback port and forwards to `upstream` with `rtt` of delay.
+    pub async fn start(upstream: SocketAddr, rtt: Duration) -> std::io::Result<DelayProxy> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let sent = Arc::new(AtomicU64::new(0));
+        let counter = sent.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let counter = counter.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = connection(client, upstream, rtt, counter).await {
+                        eprintln!("delay proxy: connection ended: {e}");
+                    }
+                });
+            }
+        });
+        Ok(DelayProxy { addr, sent, accept })
+    }
+
+    /// Bytes sent to clients so far.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for DelayProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+async fn connection(
+    client: TcpStream,
+    upstream: SocketAddr,
+    rtt: Duration,
+    sent: Arc<AtomicU64>,
+) -> std::io::Result<()> {
+    client.set_nodelay(true)?;
+    let server = TcpStream::connect(upstream).await?;
+    server.set_nodelay(true)?;
+    // The handshake's round trip: the client's first bytes reach the server one RTT late.
+    tokio::time::sleep(rtt).await;
+    let (cr, cw) = client.into_split();
+    let (sr, sw) = server.into_split();
+    let half = rtt / 2;
+    let up = tokio::spawn(pipe(cr, sw, half, None));
+    let down = pipe(sr, cw, half, Some(sent)).await;
+    up.abort();
+    down
+}
+
+/// Copies `from` to `to`, each read released `delay` after it arrived.
+async fn pipe(
+    mut from: impl AsyncReadExt + Unpin + Send + 'static,
+    mut to: impl AsyncWriteExt + Unpin,
+    delay: Duration,
+    sent: Option<Arc<AtomicU64>>,
+) -> std::io::Result<()> {
+    let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(IN_FLIGHT);
+    let reader = tokio::spawn(async move {
+        loop {
+            let mut buf = vec![0u8; READ_SIZE];
+            match from.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    buf.truncate(n);
+                    if tx.send((Instant::now() + delay, buf)).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    while let Some((due, buf)) = rx.recv().await {
+        tokio::time::sleep_until(due).await;
+        to.write_all(&buf).await?;
+        if let Some(s) = &sent {
+            s.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        }
+    }
+    reader.abort();
+    to.shutdown().await
+}

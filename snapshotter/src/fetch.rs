@@ -1,0 +1,222 @@
+//! Fetching a lazy layer's chunks for the reads containers wait on: the compressed range, then
+//! decompression and the digest check, so only verified bytes are returned or cached. Reads that
+//! walk the blob forwards also bring the chunks after them (`readaround`).
+
+use crate::estargz::{self, Chunk};
+use crate::layer::{Blob, FileData};
+use crate::readaround::{self, MAX_WINDOW};
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use strata_tiering::key::Identity;
+use strata_tiering::{ChunkKey, FetchError, Fetcher};
+
+type Pieces = Arc<Vec<(String, Chunk)>>;
+
+/// A range being fetched, recorded until it is done (fetched and its extra chunks cached, or
+/// failed), so that reads of chunks inside it wait rather than fetch them again.
+struct InFlight {
+    blob: Arc<Blob>,
+    range: std::ops::Range<u64>,
+    done: tokio::sync::watch::Sender<bool>,
+}
+
+impl InFlight {
+    fn begin(blob: &Arc<Blob>, range: std::ops::Range<u64>, ahead: bool) -> Option<InFlight> {
+        let done = blob.walk.lock().unwrap_or_else(|p| p.into_inner()).begin(range.clone(), ahead)?;
+        Some(InFlight { blob: blob.clone(), range, done })
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.blob.walk.lock().unwrap_or_else(|p| p.into_inner()).end(&self.range);
+        let _ = self.done.send(true);
+    }
+}
+
+struct DemandGuard(Arc<Blob>);
+
+impl Drop for DemandGuard {
+    fn drop(&mut self) {
+        self.0.demand.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Fetches the chunks of one file: the compressed range, then decompression and the digest
+/// check. Only verified bytes are returned, so only verified bytes are ever cached.
+pub(crate) struct LayerFetcher {
+    pub(crate) blob: Arc<Blob>,
+    pub(crate) file: Option<Arc<FileData>>,
+    /// Every distinct chunk of the layer, in blob order.
+    pub(crate) pieces: Pieces,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ChunkFetchError {
+    #[error("no chunk {0} in this file of the layer")]
+    Unknown(String),
+    #[error(transparent)]
+    Registry(#[from] crate::registry::RegistryError),
+    #[error(transparent)]
+    Format(#[from] estargz::FormatError),
+}
+
+impl Fetcher for LayerFetcher {
+    fn fetch(&self, key: &ChunkKey) -> BoxFuture<'static, Result<Bytes, FetchError>> {
+        let digest = match &key.identity {
+            Identity::Digest { digest } => digest.clone(),
+            other => format!("{other:?}"),
+        };
+        let blob = self.blob.clone();
+        let chunk =
+            self.file.as_ref().and_then(|f| f.by_digest.get(&digest).map(|&i| (f.path.clone(), f.chunks[i].clone())));
+        let pieces = self.pieces.clone();
+        let key = key.clone();
+        Box::pin(async move {
+            let (path, chunk) = chunk.ok_or_else(|| Arc::new(ChunkFetchError::Unknown(digest)) as FetchError)?;
+            // Counted while it runs, so background fill stands aside.
+            blob.demand.fetch_add(1, Ordering::Relaxed);
+            let _demand = DemandGuard(blob.clone());
+            let _busy = blob.activity.read();
+            if let Some(bytes) = from_in_flight(&blob, &pieces, &key, chunk.offset).await {
+                return Ok(bytes);
+            }
+            let (extra, window) = read_around(&blob, &pieces, &path, &chunk);
+            let end = extra.iter().map(|(_, c)| c.compressed_end).fold(chunk.compressed_end, u64::max);
+            let _in_flight = InFlight::begin(&blob, chunk.offset..end, false);
+            let all = blob
+                .registry
+                .blob_range(&blob.image, &blob.digest, chunk.offset..end)
+                .await
+                .map_err(|e| Arc::new(ChunkFetchError::from(e)) as FetchError)?;
+            blob.fetched.fetch_add(all.len() as u64, Ordering::Relaxed);
+            let compressed = all.slice(..(chunk.compressed_end - chunk.offset) as usize);
+            // Cached before this read returns: the reader's next file is among them, and a
+            // miss on it now would fetch it again and break the walk.
+            if !extra.is_empty() {
+                cache_around(blob.clone(), chunk.offset, all.clone(), extra).await;
+            }
+            if window >= MAX_WINDOW {
+                read_ahead(&blob, &pieces, end);
+            }
+            let decoded = tokio::task::spawn_blocking(move || estargz::decode_chunk(&path, &chunk, &compressed))
+                .await
+                .map_err(|e| Arc::new(std::io::Error::other(e.to_string())) as FetchError)?;
+            let bytes = decoded.map_err(|e| {
+                // Flipped or foreign bytes: the read fails, nothing is cached, and it shows.
+                blob.rejects.layer_chunk_rejects.inc();
+                tracing::error!(layer = %blob.digest, error = %e, "a chunk from the registry failed verification");
+                Arc::new(ChunkFetchError::from(e)) as FetchError
+            })?;
+            Ok(Bytes::from(bytes))
+        })
+    }
+}
+
+/// The chunks to fetch along with `chunk` of `path` if demand reads are walking the blob, and
+/// the walk's window. Only other files' chunks: cachefs reads ahead within a file itself, and
+/// its reads of the file's next chunks may be on their way already.
+fn read_around(blob: &Blob, pieces: &Pieces, path: &str, chunk: &Chunk) -> (Vec<(String, Chunk)>, u64) {
+    let Some(cache) = blob.cache.get() else { return (Vec::new(), 0) };
+    let mut walk = blob.walk.lock().unwrap_or_else(|p| p.into_inner());
+    let window = walk.read(chunk.offset, chunk.compressed_end);
+    if window == 0 {
+        return (Vec::new(), 0);
+    }
+    let limit = chunk.compressed_end + window;
+    let extra = readaround::following(pieces, chunk.compressed_end, limit, |p| {
+        p.0 == path || cached(cache, p) || walk.overlaps(&(p.1.offset..p.1.compressed_end))
+    });
+    walk.reached(extra.last().map_or(chunk.compressed_end, |(_, c)| c.compressed_end));
+    (extra.to_vec(), window)
+}
+
+fn cached(cache: &strata_tiering::TieredCache, (path, c): &(String, Chunk)) -> bool {
+    cache.location(&ChunkKey::digest(path.clone(), c.digest.clone())).is_some()
+}
+
+/// Reads the next window after `from` in the background, unless enough are in flight. Each
+/// window, once downloaded, starts the next: a walk that has gone on this long is a container
+/// reading the layer through, and it goes on until the layer ends or the walk is overtaken.
+fn read_ahead(blob: &Arc<Blob>, pieces: &Pieces, from: u64) {
+    let Some(cache) = blob.cache.get() else { return };
+    // Past what earlier windows cover, whoever asks.
+    let extra = {
+        let walk = blob.walk.lock().unwrap_or_else(|p| p.into_inner());
+        let from = from.max(walk.frontier());
+        readaround::following(pieces, from, from + MAX_WINDOW, |p| {
+            cached(cache, p) || walk.overlaps(&(p.1.offset..p.1.compressed_end))
+        })
+        .to_vec()
+    };
+    let (Some(first), Some(last)) = (extra.first(), extra.last()) else { return };
+    let range = first.1.offset..last.1.compressed_end;
+    let Some(in_flight) = InFlight::begin(blob, range.clone(), true) else { return };
+    let blob = blob.clone();
+    let pieces = pieces.clone();
+    tokio::spawn(async move {
+        let ok = match blob.registry.blob_range(&blob.image, &blob.digest, range.clone()).await {
+            Ok(all) => {
+                blob.fetched.fetch_add(all.len() as u64, Ordering::Relaxed);
+                // The link goes on with the next window while this one is decoded.
+                read_ahead(&blob, &pieces, range.end);
+                cache_around(blob.clone(), range.start, all, extra).await;
+                true
+            }
+            // The reads that wanted these chunks fetch them themselves; no retry here, so a
+            // registry that is gone is not asked again and again.
+            Err(e) => {
+                tracing::debug!(layer = %blob.digest, error = %e, "read ahead failed");
+                false
+            }
+        };
+        drop(in_flight);
+        if ok {
+            read_ahead(&blob, &pieces, range.end);
+        }
+    });
+}
+
+/// If a fetch in flight covers `offset`, waits for it (and after a read ahead, starts the next
+/// one), and returns the chunk from the cache if it is there now.
+async fn from_in_flight(blob: &Arc<Blob>, pieces: &Pieces, key: &ChunkKey, offset: u64) -> Option<Bytes> {
+    let (range, ahead, mut done) = blob.walk.lock().unwrap_or_else(|p| p.into_inner()).in_flight_over(offset)?;
+    let _ = done.wait_for(|d| *d).await;
+    if ahead {
+        read_ahead(blob, pieces, range.end);
+    }
+    let (cache, key) = (blob.cache.get()?.clone(), key.clone());
+    tokio::task::spawn_blocking(move || cache.get_local_blocking(&key)).await.ok().flatten()
+}
+
+/// Decodes and caches the chunks read around a demand read; `all` starts at `start`. Each is
+/// checked against its digest like any other, and one that fails is counted and left out.
+async fn cache_around(blob: Arc<Blob>, start: u64, all: Bytes, extra: Vec<(String, Chunk)>) {
+    let Some(cache) = blob.cache.get().cloned() else { return };
+    let decoded = tokio::task::spawn_blocking(move || {
+        extra
+            .into_iter()
+            .map(|(path, c)| {
+                let slice = all.slice((c.offset - start) as usize..(c.compressed_end - start) as usize);
+                let data = estargz::decode_chunk(&path, &c, &slice);
+                (ChunkKey::digest(path, c.digest), data)
+            })
+            .collect::<Vec<_>>()
+    })
+    .await;
+    for (key, data) in decoded.unwrap_or_default() {
+        match data {
+            Ok(data) => {
+                if let Err(e) = cache.put(key, Bytes::from(data), strata_tiering::TierKind::Hot).await {
+                    tracing::debug!(error = %e, "a chunk read around was not cached");
+                }
+            }
+            Err(e) => {
+                blob.rejects.layer_chunk_rejects.inc();
+                tracing::error!(layer = %blob.digest, error = %e, "a chunk from the registry failed verification");
+            }
+        }
+    }
+}

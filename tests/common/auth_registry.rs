@@ -1,0 +1,231 @@
+//! A second docker-registry over the same storage as the test registry, behind authentication:
+//! htpasswd (HTTP basic), or bearer tokens from a token server of the test's own that signs
+//! JWTs (RS256, the certificate in `x5c`) with a key made by `openssl` and checks the login.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub const USER: &str = "strata";
+pub const PASSWORD: &str = "s3cret-pull";
+
+#[derive(Debug, Clone)]
+pub struct TokenRequest {
+    pub line: String,
+    pub login_ok: bool,
+    pub user_agent: String,
+}
+
+pub enum Auth {
+    Basic,
+    Token,
+}
+
+pub struct AuthRegistry {
+    /// `127.0.0.1:PORT`
+    pub addr: String,
+    /// Requests the token server answered: the request line, whether the login was right, and
+    /// the client's User-Agent.
+    pub token_requests: Arc<Mutex<Vec<TokenRequest>>>,
+    dir: tempfile::TempDir,
+    child: Child,
+}
+
+fn run(cmd: &str, args: &[&str]) -> Vec<u8> {
+    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    out.stdout
+}
+
+fn base64(bytes: &[u8], url: bool) -> String {
+    let table: &[u8; 64] = if url {
+        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    } else {
+        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    };
+    let mut out = String::new();
+    for group in bytes.chunks(3) {
+        let n = group.iter().enumerate().fold(0u32, |n, (i, b)| n | (*b as u32) << (16 - 8 * i));
+        for i in 0..=group.len() {
+            out.push(table[(n >> (18 - 6 * i) & 63) as usize] as char);
+        }
+        if !url {
+            out.push_str(&"=".repeat(3 - group.len()));
+        }
+    }
+    out
+}
+
+/// `user:password` as docker's `config.json` keeps it.
+pub fn docker_auth(user: &str, password: &str) -> String {
+    base64(format!("{user}:{password}").as_bytes(), false)
+}
+
+impl AuthRegistry {
+    pub fn start(auth: Auth) -> AuthRegistry {
+        let log = std::env::var("STRATA_TEST_REGISTRY_LOG").expect("STRATA_TEST_REGISTRY_LOG: the test registry");
+        // registry.sh keeps its blobs in data/ beside its log.
+        let storage = Path::new(&log).parent().unwrap().join("data");
+        let dir = tempfile::tempdir().unwrap();
+        let port = super::free_port();
+        let token_requests = Arc::new(Mutex::new(Vec::new()));
+        let section = match auth {
+            Auth::Basic => {
+                let file = dir.path().join("htpasswd");
+                run("htpasswd", &["-Bbc", file.to_str().unwrap(), USER, PASSWORD]);
+                format!("auth: {{htpasswd: {{realm: strata-test, path: {}}}}}", file.display())
+            }
+            Auth::Token => {
+                let (key, cert) = (dir.path().join("key.pem"), dir.path().join("cert.pem"));
+                run(
+                    "openssl",
+                    &[
+                        "req",
+                        "-x509",
+                        "-newkey",
+                        "rsa:2048",
+                        "-nodes",
+                        "-days",
+                        "1",
+                        "-subj",
+                        "/CN=strata-test-token",
+                        "-keyout",
+                        key.to_str().unwrap(),
+                        "-out",
+                        cert.to_str().unwrap(),
+                    ],
+                );
+                let der = run("openssl", &["x509", "-in", cert.to_str().unwrap(), "-outform", "DER"]);
+                let realm = token_server(key, der, token_requests.clone());
+                format!(
+                    "auth: {{token: {{realm: \"http://{realm}/token\", service: strata-test, issuer: strata-test-issuer, \
+                     rootcertbundle: {}}}}}",
+                    cert.display()
+                )
+            }
+        };
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog: {{level: info, accesslog: {{disabled: false}}}}\n\
+                 storage: {{filesystem: {{rootdirectory: {}}}}}\nhttp: {{addr: 127.0.0.1:{port}}}\n{section}\n",
+                storage.display()
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.path().join("registry.log")).unwrap();
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&config)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("docker-registry starts");
+        let r = AuthRegistry { addr: format!("127.0.0.1:{port}"), token_requests, dir, child };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        // Up once /v2/ asks for credentials.
+        loop {
+            let out = Command::new("curl")
+                .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", &format!("http://{}/v2/", r.addr)])
+                .output()
+                .unwrap();
+            if out.stdout == b"401" {
+                return r;
+            }
+            assert!(Instant::now() < deadline, "auth registry did not start:\n{}", r.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default()
+    }
+
+    /// A docker `config.json` with `password` for this registry.
+    pub fn docker_config(&self, password: &str) -> PathBuf {
+        let path = self.dir.path().join(format!("config-{}.json", password.len()));
+        let body = format!("{{\"auths\":{{\"{}\":{{\"auth\":\"{}\"}}}}}}", self.addr, docker_auth(USER, password));
+        std::fs::write(&path, body).unwrap();
+        path
+    }
+}
+
+impl Drop for AuthRegistry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Serves `GET /token?service=..&scope=repository:NAME:pull` to clients that log in with
+/// USER/PASSWORD, with a JWT the registry trusts. Returns `127.0.0.1:PORT`.
+fn token_server(key: PathBuf, cert_der: Vec<u8>, requests: Arc<Mutex<Vec<TokenRequest>>>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut line = String::new();
+            let _ = reader.read_line(&mut line);
+            let (mut authorization, mut user_agent) = (String::new(), String::new());
+            loop {
+                let mut h = String::new();
+                if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                    break;
+                }
+                let (name, value) = h.split_once(':').unwrap_or(("", ""));
+                match name.to_ascii_lowercase().as_str() {
+                    "authorization" => authorization = value.trim().to_string(),
+                    "user-agent" => user_agent = value.trim().to_string(),
+                    _ => {}
+                }
+            }
+            let ok = authorization == format!("Basic {}", docker_auth(USER, PASSWORD));
+            requests.lock().unwrap().push(TokenRequest { line: line.trim().to_string(), login_ok: ok, user_agent });
+            let mut conn = conn;
+            if !ok {
+                let _ = conn.write_all(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                continue;
+            }
+            let scope = line.split(['?', '&', ' ']).find_map(|p| p.strip_prefix("scope=")).unwrap_or("");
+            let scope = scope.replace("%3A", ":").replace("%2F", "/");
+            let name = scope.strip_prefix("repository:").and_then(|s| s.rsplit_once(':')).map(|(n, _)| n).unwrap_or("");
+            let jwt = sign(&key, &cert_der, name);
+            let body = format!("{{\"token\":\"{jwt}\",\"access_token\":\"{jwt}\",\"expires_in\":600}}");
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = conn.read(&mut [0u8; 1]);
+        }
+    });
+    addr
+}
+
+fn sign(key: &Path, cert_der: &[u8], repository: &str) -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let header = format!("{{\"typ\":\"JWT\",\"alg\":\"RS256\",\"x5c\":[\"{}\"]}}", base64(cert_der, false));
+    let claims = format!(
+        "{{\"iss\":\"strata-test-issuer\",\"sub\":\"{USER}\",\"aud\":\"strata-test\",\"exp\":{},\"nbf\":{},\"iat\":{now},\
+         \"jti\":\"{now}-{repository}\",\"access\":[{{\"type\":\"repository\",\"name\":\"{repository}\",\"actions\":[\"pull\"]}}]}}",
+        now + 600,
+        now - 10
+    );
+    let input = format!("{}.{}", base64(header.as_bytes(), true), base64(claims.as_bytes(), true));
+    let mut child = Command::new("openssl")
+        .args(["dgst", "-sha256", "-sign"])
+        .arg(key)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "openssl dgst -sign failed");
+    format!("{input}.{}", base64(&out.stdout, true))
+}
