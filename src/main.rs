@@ -1,5 +1,6 @@
 //! The `strata` binary: command-line parsing and wiring. The work lives in the crates.
 
+mod convert_cmd;
 mod image_cmd;
 mod mount_cmd;
 mod snapshotter_cmd;
@@ -28,6 +29,8 @@ enum Command {
     Mount(Box<mount_cmd::MountArgs>),
     /// Inspect the image layers the daemon's snapshotter serves.
     Image(image_cmd::ImageArgs),
+    /// Convert an image to eStargz, for lazy pulls by Strata or stargz-snapshotter.
+    Convert(Box<convert_cmd::ConvertArgs>),
 }
 
 #[derive(clap::Args, Debug)]
@@ -67,6 +70,7 @@ fn main() -> std::process::ExitCode {
             Command::Tier(args) => tier_cmd::run(args).await,
             Command::Mount(args) => mount_cmd::run(*args, shutdown_signal()).await,
             Command::Image(args) => image_cmd::run(args).await,
+            Command::Convert(args) => convert_cmd::run(*args).await,
         }
     });
     match result {

@@ -7,115 +7,10 @@ mod common;
 use common::auth_registry::{Auth, AuthRegistry, PASSWORD, USER};
 use common::containerd::{Containerd, registry, registry_log};
 use common::faulty::{Fault, FaultyRegistry};
+use common::node::Node;
 use common::*;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
-
-struct Node {
-    daemon: Daemon,
-    containerd: Containerd,
-    _dir: tempfile::TempDir,
-}
-
-impl Node {
-    fn start() -> Node {
-        Node::start_with("")
-    }
-
-    /// A node whose `[snapshotter]` section also has `extra`.
-    fn start_with(extra: &str) -> Node {
-        Node::start_full(extra, false)
-    }
-
-    /// A node whose containerd also runs its CRI plugin, as on a Kubernetes node.
-    fn start_cri() -> Node {
-        Node::start_full("", true)
-    }
-
-    fn start_full(extra: &str, cri: bool) -> Node {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("strata-snapshotter.sock");
-        let daemon = Daemon::start(
-            &format!("[snapshotter]\nenabled = true\nsocket = \"{}\"\n{extra}\n", socket.display()),
-            "1GiB",
-            "1GiB",
-        );
-        let containerd = Containerd::start_with(dir.path(), &socket, cri);
-        Node { daemon, containerd, _dir: dir }
-    }
-
-    fn ctr(&self, args: &[&str]) -> String {
-        self.containerd.ctr_ok(args, &self.daemon.log())
-    }
-
-    /// `strata image layers --json`, from the daemon's admin socket.
-    fn layers_report(&self) -> Vec<serde_json::Value> {
-        let out = std::process::Command::new(BIN)
-            .args(["image", "layers", "--json", "--socket"])
-            .arg(&self.daemon.socket)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "strata image layers: {}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-
-    /// The report of layer `digest`, once `done` holds for it (at most 30 s).
-    fn layer_when(&self, digest: &str, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        loop {
-            let report = self.layers_report();
-            if let Some(l) = report.iter().find(|l| l["layer"] == digest && done(l)) {
-                return l.clone();
-            }
-            assert!(std::time::Instant::now() < deadline, "layer {digest} never got there: {report:#?}");
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
-    }
-
-    fn snapshots_root(&self) -> PathBuf {
-        self.daemon.state().join("state/snapshotter")
-    }
-
-    /// Pulls `reference` (under the test registry's `strata/`) lazily, as stargz users do.
-    fn rpull(&self, reference: &str) -> String {
-        let image = format!("{}/strata/{reference}", registry());
-        let out = self.containerd.ctr_remote(&["image", "rpull", "--plain-http", "--snapshotter", "strata", &image]);
-        assert!(
-            out.status.success(),
-            "rpull {image}: {}\n--- strata log ---\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            self.daemon.log()
-        );
-        image
-    }
-
-    /// Runs `script` with sh in a new container of `image` on Strata, and returns its output.
-    fn run_sh(&self, image: &str, name: &str, script: &str) -> String {
-        self.ctr(&["run", "--rm", "--snapshotter", "strata", image, name, "sh", "-c", script])
-    }
-
-    /// The digests of `image`'s layers, from the registry's manifest.
-    fn layer_digests(&self, reference: &str) -> Vec<String> {
-        let url = format!(
-            "http://{}/v2/strata/{}/manifests/{}",
-            registry(),
-            reference.split(':').next().unwrap(),
-            reference.split(':').nth(1).unwrap()
-        );
-        let out = std::process::Command::new("curl")
-            .args(["-fsS", "-H", "Accept: application/vnd.oci.image.manifest.v1+json", &url])
-            .output()
-            .unwrap();
-        let m: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        m["layers"].as_array().unwrap().iter().map(|l| l["digest"].as_str().unwrap().to_string()).collect()
-    }
-
-    fn pull(&self) -> String {
-        let image = format!("{}/strata/busybox:1", registry());
-        self.ctr(&["images", "pull", "--plain-http", "--snapshotter", "strata", &image]);
-        image
-    }
-}
 
 /// The snapshot directories under the snapshotter's root, by id.
 fn layer_dirs(root: &Path) -> Vec<PathBuf> {
@@ -794,7 +689,7 @@ impl Drop for Unmount {
 /// hosts dir), and checks that both layers are lazy mounts and a container runs on them.
 fn pull_lazily_from(node: &Node, host: &str, extra: &[&str]) -> Vec<String> {
     let image = format!("{host}/strata/busybox:esgz");
-    let mut args = vec!["image", "rpull", "--plain-http", "--snapshotter", "strata"];
+    let mut args = vec!["image", "rpull", "--snapshotter", "strata"];
     args.extend_from_slice(extra);
     args.push(&image);
     let out = node.containerd.ctr_remote(&args);
@@ -819,7 +714,7 @@ fn a_registry_behind_basic_auth_is_read_with_the_docker_login() {
     // The login from config.json: lazy, from a registry that turns anonymous readers away.
     let config = reg.docker_config(PASSWORD);
     let node = Node::start_with(&format!("docker_config = \"{}\"", config.display()));
-    pull_lazily_from(&node, &reg.addr, &["--user", &login]);
+    pull_lazily_from(&node, &reg.addr, &["--plain-http", "--user", &login]);
     drop(node);
 
     // A wrong password: Strata cannot read the layers and says why; containerd, which has the
@@ -853,7 +748,7 @@ fn a_registry_with_token_auth_is_read_with_a_bearer_token() {
     let reg = AuthRegistry::start(Auth::Token);
     let config = reg.docker_config(PASSWORD);
     let node = Node::start_with(&format!("docker_config = \"{}\"", config.display()));
-    pull_lazily_from(&node, &reg.addr, &["--user", &format!("{USER}:{PASSWORD}")]);
+    pull_lazily_from(&node, &reg.addr, &["--plain-http", "--user", &format!("{USER}:{PASSWORD}")]);
     // Strata asked the token server itself, with the login, for pull access to the repository.
     let asked = reg.token_requests.lock().unwrap().clone();
     let ours: Vec<_> = asked.iter().filter(|r| r.user_agent.starts_with("strata/")).collect();
@@ -887,12 +782,64 @@ fn a_hosts_toml_mirror_serves_a_registry_that_is_down() {
     .unwrap();
     let node = Node::start_with(&format!("hosts_dir = \"{}\"", hosts.path().display()));
     let mark = log_mark();
-    let layers =
-        pull_lazily_from(&node, &format!("127.0.0.1:{dead}"), &["--hosts-dir", hosts.path().to_str().unwrap()]);
+    let layers = pull_lazily_from(
+        &node,
+        &format!("127.0.0.1:{dead}"),
+        &["--plain-http", "--hosts-dir", hosts.path().to_str().unwrap()],
+    );
     // Strata's ranged reads went to the mirror.
     let ranged = registry_log()[mark..]
         .lines()
         .filter(|l| l.contains("\" 206 ") && l.contains("strata/") && layers.iter().any(|d| l.contains(d.as_str())))
         .count();
     assert!(ranged > 0, "the mirror served Strata's ranged reads");
+}
+
+/// A hosts dir with one `hosts.toml` for the HTTPS registry at `addr`, its `[host]` entry
+/// carrying `setting` (a `ca`, `skip_verify`, or nothing).
+fn tls_hosts(addr: &str, setting: &str) -> tempfile::TempDir {
+    let hosts = tempfile::tempdir().unwrap();
+    let dir = hosts.path().join(addr);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("hosts.toml"),
+        format!(
+            "server = \"https://{addr}\"\n[host.\"https://{addr}\"]\n  capabilities = [\"pull\", \"resolve\"]\n  {setting}\n"
+        ),
+    )
+    .unwrap();
+    hosts
+}
+
+#[test]
+#[ignore = "needs root, containerd, docker-registry, openssl and the test registry: run by .ci/run"]
+fn a_tls_registry_is_read_with_its_ca_or_skip_verify_and_refused_otherwise() {
+    let reg = AuthRegistry::start(Auth::Tls);
+    let ca = reg.ca.clone().unwrap();
+    // containerd trusts the registry's CA throughout; Strata's own hosts dir varies.
+    let containerd_hosts = tls_hosts(&reg.addr, &format!("ca = \"{}\"", ca.display()));
+    let ctr_flags = ["--hosts-dir", containerd_hosts.path().to_str().unwrap()];
+    // The CA named in hosts.toml relative to the file, as containerd reads it.
+    let relative = tls_hosts(&reg.addr, "ca = \"registry-ca.pem\"");
+    std::fs::copy(&ca, relative.path().join(&reg.addr).join("registry-ca.pem")).unwrap();
+    for hosts in [relative, tls_hosts(&reg.addr, "skip_verify = true")] {
+        let node = Node::start_with(&format!("hosts_dir = \"{}\"", hosts.path().display()));
+        pull_lazily_from(&node, &reg.addr, &ctr_flags);
+    }
+
+    // Neither: Strata refuses the certificate and says so; containerd, which trusts the CA,
+    // fetches the layers itself, and the container still runs.
+    let hosts = tls_hosts(&reg.addr, "");
+    let node = Node::start_with(&format!("hosts_dir = \"{}\"", hosts.path().display()));
+    let image = format!("{}/strata/busybox:esgz", reg.addr);
+    let out =
+        node.containerd.ctr_remote(&["image", "rpull", "--snapshotter", "strata", ctr_flags[0], ctr_flags[1], &image]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let layer = &node.layer_digests("busybox:esgz")[0];
+    let l = node.layer_when(layer, |l| l["image"] == image.as_str());
+    assert_eq!((&l["lazy"], &l["how"]), (&false.into(), &"containerd".into()), "{l:#}");
+    let reason = l["reason"].as_str().unwrap();
+    assert!(reason.contains("certificate"), "the reason names the untrusted certificate: {reason}");
+    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "untrusted", "cat", "/etc/motd"]);
+    assert_eq!(out, "strata layer two\n");
 }

@@ -4,6 +4,7 @@
 //! metadata store, and remote layers: eStargz blobs mounted lazily through cachefs.
 
 pub mod activity;
+pub mod convert;
 pub mod error;
 pub mod estargz;
 pub mod fetch;

@@ -1,6 +1,7 @@
 //! A second docker-registry over the same storage as the test registry, behind authentication:
 //! htpasswd (HTTP basic), or bearer tokens from a token server of the test's own that signs
-//! JWTs (RS256, the certificate in `x5c`) with a key made by `openssl` and checks the login.
+//! JWTs (RS256, the certificate in `x5c`) with a key made by `openssl` and checks the login;
+//! or anonymous over HTTPS, with a certificate from a test CA that no system trusts.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -22,6 +23,7 @@ pub struct TokenRequest {
 pub enum Auth {
     Basic,
     Token,
+    Tls,
 }
 
 pub struct AuthRegistry {
@@ -30,6 +32,8 @@ pub struct AuthRegistry {
     /// Requests the token server answered: the request line, whether the login was right, and
     /// the client's User-Agent.
     pub token_requests: Arc<Mutex<Vec<TokenRequest>>>,
+    /// With `Auth::Tls`: the PEM of the CA that signed the registry's certificate.
+    pub ca: Option<PathBuf>,
     dir: tempfile::TempDir,
     child: Child,
 }
@@ -72,6 +76,7 @@ impl AuthRegistry {
         let dir = tempfile::tempdir().unwrap();
         let port = super::free_port();
         let token_requests = Arc::new(Mutex::new(Vec::new()));
+        let mut ca = None;
         let section = match auth {
             Auth::Basic => {
                 let file = dir.path().join("htpasswd");
@@ -106,13 +111,23 @@ impl AuthRegistry {
                     cert.display()
                 )
             }
+            Auth::Tls => {
+                let (cert, key) = tls_certificate(dir.path());
+                ca = Some(dir.path().join("ca.pem"));
+                format!("  tls: {{certificate: {}, key: {}}}", cert.display(), key.display())
+            }
+        };
+        // The TLS settings go inside `http:`, an auth section beside it.
+        let (http_extra, section) = match section.strip_prefix("  tls: ") {
+            Some(tls) => (format!(", tls: {tls}"), String::new()),
+            None => (String::new(), section),
         };
         let config = dir.path().join("config.yml");
         std::fs::write(
             &config,
             format!(
                 "version: 0.1\nlog: {{level: info, accesslog: {{disabled: false}}}}\n\
-                 storage: {{filesystem: {{rootdirectory: {}}}}}\nhttp: {{addr: 127.0.0.1:{port}}}\n{section}\n",
+                 storage: {{filesystem: {{rootdirectory: {}}}}}\nhttp: {{addr: 127.0.0.1:{port}{http_extra}}}\n{section}\n",
                 storage.display()
             ),
         )
@@ -125,15 +140,20 @@ impl AuthRegistry {
             .stderr(log)
             .spawn()
             .expect("docker-registry starts");
-        let r = AuthRegistry { addr: format!("127.0.0.1:{port}"), token_requests, dir, child };
+        let r = AuthRegistry { addr: format!("127.0.0.1:{port}"), token_requests, ca, dir, child };
         let deadline = Instant::now() + Duration::from_secs(20);
-        // Up once /v2/ asks for credentials.
+        // Up once /v2/ asks for credentials, or over TLS, answers a client that trusts the CA.
+        let (url, ready) = match &r.ca {
+            Some(_) => (format!("https://{}/v2/", r.addr), &b"200"[..]),
+            None => (format!("http://{}/v2/", r.addr), &b"401"[..]),
+        };
         loop {
-            let out = Command::new("curl")
-                .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", &format!("http://{}/v2/", r.addr)])
-                .output()
-                .unwrap();
-            if out.stdout == b"401" {
+            let mut curl = Command::new("curl");
+            if let Some(ca) = &r.ca {
+                curl.arg("--cacert").arg(ca);
+            }
+            let out = curl.args(["-s", "-o", "/dev/null", "-w", "%{http_code}", &url]).output().unwrap();
+            if out.stdout == ready {
                 return r;
             }
             assert!(Instant::now() < deadline, "auth registry did not start:\n{}", r.log());
@@ -152,6 +172,33 @@ impl AuthRegistry {
         std::fs::write(&path, body).unwrap();
         path
     }
+}
+
+/// A CA, and a certificate for 127.0.0.1 that it signed: (certificate, key) under `dir`, the
+/// CA as `dir/ca.pem`. A separate CA, because a self-signed CA certificate used directly as a
+/// server's is refused by webpki (a CA used as an end entity).
+fn tls_certificate(dir: &Path) -> (PathBuf, PathBuf) {
+    let p = |name: &str| dir.join(name).to_str().unwrap().to_owned();
+    let (ca, ca_key, csr, cert, key, ext) =
+        (p("ca.pem"), p("ca.key"), p("server.csr"), p("cert.pem"), p("key.pem"), p("server.ext"));
+    run(
+        "openssl",
+        &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+            .into_iter()
+            .chain(["-subj", "/CN=strata-test-ca", "-keyout", &ca_key, "-out", &ca])
+            .collect::<Vec<_>>(),
+    );
+    run("openssl", &["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", &key, "-out", &csr]);
+    std::fs::write(&ext, "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
+        .unwrap();
+    run(
+        "openssl",
+        &["x509", "-req", "-in", &csr, "-CA", &ca, "-CAkey", &ca_key, "-CAcreateserial", "-days", "1"]
+            .into_iter()
+            .chain(["-extfile", &ext, "-out", &cert])
+            .collect::<Vec<_>>(),
+    );
+    (cert.into(), key.into())
 }
 
 impl Drop for AuthRegistry {

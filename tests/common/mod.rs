@@ -13,6 +13,7 @@ pub mod auth_registry;
 pub mod containerd;
 pub mod faulty;
 pub mod mount;
+pub mod node;
 pub mod tree;
 #[allow(unused_imports)]
 pub use mount::{Mount, mounted};

@@ -61,8 +61,8 @@ fn try_form(tail: &[u8], len: usize, xlen: u16, payload: impl Fn(&[u8]) -> Optio
     Some(Footer { toc_offset, len: len as u64 })
 }
 
-#[cfg(test)]
-pub(crate) fn footer_bytes(toc_offset: u64) -> Vec<u8> {
+/// The 51-byte footer of a blob whose TOC member starts at `toc_offset`.
+pub fn footer_bytes(toc_offset: u64) -> Vec<u8> {
     let mut f = vec![0x1f, 0x8b, 8, 4, 0, 0, 0, 0, 0, 0xff, 26, 0, b'S', b'G', 22, 0];
     f.extend_from_slice(format!("{toc_offset:016x}STARGZ").as_bytes());
     f.extend_from_slice(&[1, 0, 0, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0]);

@@ -6,7 +6,7 @@ pub mod chunk;
 pub mod footer;
 #[cfg(test)]
 mod testblob;
-mod time;
+pub mod time;
 pub mod toc;
 
 pub use chunk::decode_chunk;

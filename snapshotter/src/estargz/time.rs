@@ -1,5 +1,5 @@
 //! RFC 3339 times as TOCs carry them (`2006-01-02T15:04:05Z`, maybe with a fraction or an
-//! offset), to seconds since the Unix epoch. Small enough not to need a date crate.
+//! offset), to seconds since the Unix epoch, and back. Small enough not to need a date crate.
 
 /// Seconds and nanoseconds since the epoch, or `None` if `s` is not RFC 3339.
 pub fn parse_rfc3339(s: &str) -> Option<(i64, u32)> {
@@ -60,9 +60,38 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     era * 146097 + doe - 719468
 }
 
+/// `secs` since the epoch as the TOC writes it: `2006-01-02T15:04:05Z`, UTC, whole seconds.
+pub fn format_rfc3339(secs: i64) -> String {
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    let (y, m, d) = civil_from_days(days);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+/// The date of a day count since 1970-01-01 (the inverse of `days_from_civil`).
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn formatted_times_parse_back() {
+        for secs in [0, 1, 951782400, 1700000000, 4102444799, -86401] {
+            let text = format_rfc3339(secs);
+            assert_eq!(parse_rfc3339(&text), Some((secs, 0)), "{text}");
+        }
+        assert_eq!(format_rfc3339(1700000000), "2023-11-14T22:13:20Z");
+    }
 
     #[test]
     fn toc_times_parse_to_epoch_seconds() {

@@ -12,6 +12,7 @@ use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -71,13 +72,21 @@ struct RawPlatform {
     os: String,
 }
 
+/// What an endpoint must be able to do for a request: its `hosts.toml` capability.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    Pull,
+    Resolve,
+    Push,
+}
+
 /// A registry client for every host, with the node's `hosts.toml` and logins.
 #[derive(Debug)]
 pub struct Registry {
     hosts: Hosts,
     credentials: Credentials,
-    client: reqwest::Client,
-    insecure: reqwest::Client,
+    /// One HTTP client per TLS setting in use (skip_verify, extra CAs), each with its own pool.
+    clients: Mutex<HashMap<(bool, Vec<PathBuf>), reqwest::Client>>,
     /// Authorization headers that worked, by endpoint base and repository.
     auth: Mutex<HashMap<(String, String), String>>,
 }
@@ -94,16 +103,41 @@ fn this_arch() -> &'static str {
 
 impl Registry {
     pub fn new(hosts: Hosts, credentials: Credentials) -> Registry {
-        let build = |insecure: bool| {
-            reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(10))
-                .read_timeout(Duration::from_secs(60))
-                .danger_accept_invalid_certs(insecure)
-                .user_agent(concat!("strata/", env!("CARGO_PKG_VERSION")))
-                .build()
-                .expect("an HTTP client with rustls builds")
-        };
-        Registry { hosts, credentials, client: build(false), insecure: build(true), auth: Mutex::new(HashMap::new()) }
+        Registry { hosts, credentials, clients: Mutex::new(HashMap::new()), auth: Mutex::new(HashMap::new()) }
+    }
+
+    /// The client for `ep`'s TLS settings. Its CA files are read when first needed, so a bad
+    /// one fails the reads of that host with the file's name, not the whole daemon.
+    fn client_for(&self, ep: &Endpoint) -> Result<reqwest::Client, RegistryError> {
+        let key = (ep.skip_verify, ep.ca.clone());
+        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = clients.get(&key) {
+            return Ok(c.clone());
+        }
+        let mut roots = Vec::new();
+        for path in &ep.ca {
+            let err = |reason: String| RegistryError::Config { path: path.display().to_string(), reason };
+            let pem = std::fs::read(path).map_err(|e| err(format!("the CA file of {}: {e}", ep.base)))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| err(format!("the CA file of {} holds no usable PEM certificate: {e}", ep.base)))?;
+            if certs.is_empty() {
+                return Err(err(format!("the CA file of {} holds no PEM certificate", ep.base)));
+            }
+            roots.extend(certs);
+        }
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .read_timeout(Duration::from_secs(60))
+            .danger_accept_invalid_certs(ep.skip_verify)
+            .tls_certs_merge(roots)
+            .user_agent(concat!("strata/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| RegistryError::Config {
+                path: "hosts.toml".into(),
+                reason: format!("an HTTP client for {}: {}", ep.base, super::with_causes(&e)),
+            })?;
+        clients.insert(key, client.clone());
+        Ok(client)
     }
 
     /// The manifest of `image` for this platform: an index is resolved to the entry for
@@ -126,10 +160,24 @@ impl Registry {
         to_manifest(image, parse_manifest(image, &body)?, digest)
     }
 
+    /// The manifest or index `object` (a tag or a digest) of `image`'s repository, as stored,
+    /// with its digest; content asked for by digest is checked against it.
+    pub async fn manifest_raw(&self, image: &ImageRef, object: &str) -> Result<(Bytes, String), RegistryError> {
+        self.manifest_bytes(image, object).await
+    }
+
     async fn manifest_bytes(&self, image: &ImageRef, object: &str) -> Result<(Bytes, String), RegistryError> {
         let by_digest = object.contains(':');
         let path = format!("/manifests/{object}");
-        let resp = self.send(image, &path, Method::GET, |r| r.header(ACCEPT, MANIFEST_TYPES), !by_digest).await?;
+        let resp = self
+            .send(
+                image,
+                &path,
+                Method::GET,
+                |r| r.header(ACCEPT, MANIFEST_TYPES),
+                if by_digest { Need::Pull } else { Need::Resolve },
+            )
+            .await?;
         let url = resp.url().to_string();
         let body = resp.bytes().await.map_err(|source| RegistryError::Http { url: url.clone(), source })?;
         if body.len() > MANIFEST_LIMIT {
@@ -147,7 +195,7 @@ impl Registry {
 
     /// The size of blob `digest` of `image`'s repository.
     pub async fn blob_size(&self, image: &ImageRef, digest: &str) -> Result<u64, RegistryError> {
-        let resp = self.send(image, &format!("/blobs/{digest}"), Method::HEAD, |r| r, false).await?;
+        let resp = self.send(image, &format!("/blobs/{digest}"), Method::HEAD, |r| r, Need::Pull).await?;
         resp.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok()).ok_or_else(|| {
             RegistryError::Status {
                 url: resp.url().to_string(),
@@ -164,7 +212,7 @@ impl Registry {
         }
         let header = format!("bytes={}-{}", range.start, range.end - 1);
         let mut resp = self
-            .send(image, &format!("/blobs/{digest}"), Method::GET, |r| r.header(RANGE, header.clone()), false)
+            .send(image, &format!("/blobs/{digest}"), Method::GET, |r| r.header(RANGE, header.clone()), Need::Pull)
             .await?;
         let url = resp.url().to_string();
         let bad = |got: String| RegistryError::Range { url: url.clone(), start: range.start, end: range.end, got };
@@ -203,7 +251,7 @@ impl Registry {
     ) -> Result<u64, RegistryError> {
         use sha2::{Digest as _, Sha256};
         use std::io::Write;
-        let mut resp = self.send(image, &format!("/blobs/{digest}"), Method::GET, |r| r, false).await?;
+        let mut resp = self.send(image, &format!("/blobs/{digest}"), Method::GET, |r| r, Need::Pull).await?;
         let url = resp.url().to_string();
         let expected = resp.content_length();
         let mut hash = Sha256::new();
@@ -225,20 +273,26 @@ impl Registry {
     }
 
     /// Sends one request to the first endpoint that answers it with success, authenticating
-    /// on a 401 as challenged. `resolve` marks tag lookups, which only `resolve` endpoints do.
-    async fn send(
+    /// on a 401 as challenged. Only endpoints with the capability `need` are asked. `path` is
+    /// under the repository (`/blobs/...`), or a URL the registry handed out (an upload's
+    /// `Location`: absolute, or a path from the host's root).
+    pub(super) async fn send(
         &self,
         image: &ImageRef,
         path: &str,
         method: Method,
         build: impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
-        resolve: bool,
+        need: Need,
     ) -> Result<reqwest::Response, RegistryError> {
         let endpoints: Vec<Endpoint> = self
             .hosts
             .endpoints(&image.host)?
             .into_iter()
-            .filter(|e| if resolve { e.resolve } else { e.pull })
+            .filter(|e| match need {
+                Need::Pull => e.pull,
+                Need::Resolve => e.resolve,
+                Need::Push => e.push,
+            })
             .collect();
         let mut last = None;
         for ep in &endpoints {
@@ -255,7 +309,7 @@ impl Registry {
             Some(e) => Err(RegistryError::AllHostsFailed { host: image.host.clone(), last: Box::new(e) }),
             None => Err(RegistryError::Config {
                 path: "hosts.toml".into(),
-                reason: format!("no endpoint of {} may {}", image.host, if resolve { "resolve" } else { "pull" }),
+                reason: format!("no endpoint of {} may {need:?}", image.host).to_lowercase(),
             }),
         }
     }
@@ -268,8 +322,16 @@ impl Registry {
         method: Method,
         build: &impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, RegistryError> {
-        let client = if ep.skip_verify { &self.insecure } else { &self.client };
-        let url = format!("{}/{}{}", ep.base, image.repository, path);
+        let client = &self.client_for(ep)?;
+        let url = if path.starts_with("http://") || path.starts_with("https://") {
+            path.to_owned()
+        } else if path.starts_with("/v2/") {
+            let origin_end = ep.base.find("://").map(|i| i + 3).unwrap_or(0);
+            let origin = ep.base[origin_end..].find('/').map_or(&ep.base[..], |i| &ep.base[..origin_end + i]);
+            format!("{origin}{path}")
+        } else {
+            format!("{}/{}{}", ep.base, image.repository, path)
+        };
         let key = (ep.base.clone(), image.repository.clone());
         let cached = self.auth.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
         let attempt = |auth: Option<String>| {
@@ -297,7 +359,7 @@ impl Registry {
                 },
                 Some(Challenge::Bearer { realm, service, scope }) => {
                     let scope = scope.unwrap_or_else(|| format!("repository:{}:pull", image.repository));
-                    format!("Bearer {}", fetch_token(&self.client, &realm, service.as_deref(), &scope, login).await?)
+                    format!("Bearer {}", fetch_token(client, &realm, service.as_deref(), &scope, login).await?)
                 }
                 None => {
                     return Err(RegistryError::Auth {
@@ -331,12 +393,7 @@ impl Registry {
 /// A body that broke off: how far it got, and the transport's own reason with its causes, which
 /// reqwest's top-level message ("error decoding response body") leaves out.
 fn ended_early(url: &str, got: u64, expected: Option<u64>, e: &reqwest::Error) -> RegistryError {
-    let mut why = e.to_string();
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        why = format!("{why}: {c}");
-        cause = c.source();
-    }
+    let why = super::with_causes(e);
     let of = expected.map(|n| format!(" of {n}")).unwrap_or_default();
     RegistryError::Blob { url: url.to_owned(), reason: format!("the body ended early, after {got}{of} bytes ({why})") }
 }

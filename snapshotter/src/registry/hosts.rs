@@ -1,6 +1,6 @@
 //! Where a registry host is reached, in containerd's `hosts.toml` layout: under `config_path`,
 //! `<host[:port]>/hosts.toml` (else `_default/hosts.toml`) lists mirrors (`[host."URL"]`, tried
-//! in order, each with `capabilities` and `skip_verify`) and the upstream `server`.
+//! in order, each with `capabilities`, `skip_verify` and `ca`) and the upstream `server`.
 
 use super::RegistryError;
 use serde::Deserialize;
@@ -11,15 +11,19 @@ pub struct Endpoint {
     /// Base URL the API paths go under, e.g. `http://127.0.0.1:5000/v2`.
     pub base: String,
     pub skip_verify: bool,
+    /// PEM files of certificate authorities trusted for this host, beside the system's.
+    pub ca: Vec<PathBuf>,
     /// Can resolve tags to digests (manifests by tag).
     pub resolve: bool,
     /// Can serve content by digest.
     pub pull: bool,
+    /// Takes uploads.
+    pub push: bool,
 }
 
 /// A `hosts.toml`: the upstream's settings at the top level, mirrors under `[host."URL"]`.
-/// Keys Strata does not use (`ca`, `client`, `header`) are accepted and ignored, so files
-/// written for containerd load.
+/// Keys Strata does not use (`client`, `header`) are accepted and ignored, so files written for
+/// containerd load.
 #[derive(Deserialize, Default)]
 struct HostsFile {
     server: Option<String>,
@@ -34,6 +38,15 @@ struct HostEntry {
     capabilities: Option<Vec<String>>,
     skip_verify: Option<bool>,
     override_path: Option<bool>,
+    ca: Option<OneOrMany>,
+}
+
+/// `ca = "a.pem"` or `ca = ["a.pem", "b.pem"]`, as containerd takes it.
+#[derive(Deserialize, Clone)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
 }
 
 /// `[host."URL"]` tables keep their file order: mirrors are tried in the order written.
@@ -87,55 +100,52 @@ impl Hosts {
         let err = |reason: String| RegistryError::Config { path: path.display().to_string(), reason };
         let text = std::fs::read_to_string(&path).map_err(|e| err(e.to_string()))?;
         let parsed: HostsFile = toml::from_str(&text).map_err(|e| err(e.message().to_owned()))?;
+        // Relative `ca` paths are read from the hosts.toml's own directory, as containerd does.
+        let dir = path.parent().unwrap_or(Path::new("."));
         let mut out = Vec::new();
         for (url, entry) in &parsed.host.0 {
-            out.push(
-                endpoint(url, entry.capabilities.as_deref(), entry.skip_verify, entry.override_path).map_err(&err)?,
-            );
+            out.push(endpoint(url, entry, dir).map_err(&err)?);
         }
         match &parsed.server {
-            Some(url) => out.push(
-                endpoint(
-                    url,
-                    parsed.upstream.capabilities.as_deref(),
-                    parsed.upstream.skip_verify,
-                    parsed.upstream.override_path,
-                )
-                .map_err(&err)?,
-            ),
+            Some(url) => out.push(endpoint(url, &parsed.upstream, dir).map_err(&err)?),
             None => out.push(default_endpoint(host)),
         }
         Ok(out)
     }
 }
 
-fn endpoint(
-    url: &str,
-    caps: Option<&[String]>,
-    skip_verify: Option<bool>,
-    override_path: Option<bool>,
-) -> Result<Endpoint, String> {
+fn endpoint(url: &str, entry: &HostEntry, dir: &Path) -> Result<Endpoint, String> {
     if !(url.starts_with("http://") || url.starts_with("https://")) {
         return Err(format!("host {url:?} must start with http:// or https://"));
     }
     let trimmed = url.trim_end_matches('/');
-    let base = if override_path == Some(true) || trimmed.ends_with("/v2") {
+    let base = if entry.override_path == Some(true) || trimmed.ends_with("/v2") {
         trimmed.to_owned()
     } else {
         format!("{trimmed}/v2")
     };
-    let caps: Vec<&str> =
-        caps.map(|c| c.iter().map(String::as_str).collect()).unwrap_or_else(|| vec!["pull", "resolve", "push"]);
+    let caps: Vec<&str> = entry
+        .capabilities
+        .as_deref()
+        .map(|c| c.iter().map(String::as_str).collect())
+        .unwrap_or_else(|| vec!["pull", "resolve", "push"]);
     for c in &caps {
         if !matches!(*c, "pull" | "resolve" | "push") {
             return Err(format!("capability {c:?} of {url:?} is not pull, resolve or push"));
         }
     }
+    let ca = match &entry.ca {
+        None => vec![],
+        Some(OneOrMany::One(p)) => vec![dir.join(p)],
+        Some(OneOrMany::Many(ps)) => ps.iter().map(|p| dir.join(p)).collect(),
+    };
     Ok(Endpoint {
         base,
-        skip_verify: skip_verify.unwrap_or(false),
+        skip_verify: entry.skip_verify.unwrap_or(false),
+        ca,
         resolve: caps.contains(&"resolve"),
         pull: caps.contains(&"pull"),
+        push: caps.contains(&"push"),
     })
 }
 
@@ -149,7 +159,7 @@ fn default_endpoint(host: &str) -> Endpoint {
         h if loopback => format!("http://{h}/v2"),
         h => format!("https://{h}/v2"),
     };
-    Endpoint { base, skip_verify: false, resolve: true, pull: true }
+    Endpoint { base, skip_verify: false, ca: vec![], resolve: true, pull: true, push: true }
 }
 
 #[cfg(test)]
@@ -165,7 +175,8 @@ mod tests {
             d.join("hosts.toml"),
             "server = \"https://registry.example:5000\"\n\
              [host.\"http://mirror-b:5000\"]\n  capabilities = [\"pull\"]\n\
-             [host.\"https://mirror-a\"]\n  capabilities = [\"pull\", \"resolve\"]\n  skip_verify = true\n",
+             [host.\"https://mirror-a\"]\n  capabilities = [\"pull\", \"resolve\"]\n  skip_verify = true\n\
+             ca = \"mirror-a.pem\"\n",
         )
         .unwrap();
         let e = Hosts::new(Some(dir.path())).endpoints("registry.example:5000").unwrap();
@@ -173,6 +184,9 @@ mod tests {
         assert_eq!(bases, ["http://mirror-b:5000/v2", "https://mirror-a/v2", "https://registry.example:5000/v2"]);
         assert!(!e[0].resolve && e[0].pull && !e[0].skip_verify);
         assert!(e[1].resolve && e[1].skip_verify);
+        // A relative `ca` is read beside the hosts.toml.
+        assert_eq!(e[1].ca, [d.join("mirror-a.pem")]);
+        assert!(e[0].ca.is_empty());
         // No file for this host and no _default: the defaults.
         let e = Hosts::new(Some(dir.path())).endpoints("127.0.0.1:5000").unwrap();
         assert_eq!(e[0].base, "http://127.0.0.1:5000/v2");

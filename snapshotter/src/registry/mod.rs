@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod client;
 pub mod hosts;
+pub mod push;
 pub mod reference;
 
 pub use client::{Manifest, ManifestLayer, Registry};
@@ -14,7 +15,7 @@ pub use reference::ImageRef;
 pub enum RegistryError {
     #[error("image reference {reference:?}: {reason}")]
     Reference { reference: String, reason: String },
-    #[error("{url}: {source}")]
+    #[error("{url}: {}", with_causes(.source))]
     Http {
         url: String,
         #[source]
@@ -34,4 +35,16 @@ pub enum RegistryError {
     Manifest { reference: String, reason: String },
     #[error("every host for {host} failed; the last said: {last}")]
     AllHostsFailed { host: String, last: Box<RegistryError> },
+}
+
+/// An error with its causes, which reqwest's own message ("error sending request") leaves out:
+/// refused connections, TLS verdicts, bodies cut short.
+pub fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text = format!("{text}: {c}");
+        cause = c.source();
+    }
+    text
 }

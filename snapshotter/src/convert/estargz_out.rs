@@ -1,0 +1,292 @@
+//! Writes one layer as gzip eStargz, byte for byte in the layout stargz-snapshotter reads:
+//! each entry's headers go into the current gzip member, each regular file's payload starts a
+//! new member, and so does each chunk of a large file; tar padding stays with the payload's
+//! last member. Then the TOC member (a tar of `stargz.index.json` and the end-of-archive
+//! blocks) and the 51-byte footer. Chunks are cut at a fixed size, one after another, so the
+//! same input always gives the same blob whatever the machine.
+
+use super::members::Members;
+use super::plan::Item;
+use super::tar_index::{Kind, TarEntry};
+use super::toc_out::TocBuilder;
+use crate::estargz::footer::footer_bytes;
+use crate::estargz::sha256_digest;
+use crate::estargz::toc::TOC_NAME;
+use sha2::{Digest, Sha256};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+
+pub const DEFAULT_CHUNK_SIZE: u64 = 4 << 20;
+/// What a landmark file holds.
+const LANDMARK_BYTE: u8 = 0x0f;
+
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    pub chunk_size: u64,
+    /// gzip level, 0 to 9.
+    pub level: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { chunk_size: DEFAULT_CHUNK_SIZE, level: 9 }
+    }
+}
+
+/// What the written layer is, for its descriptor and the image config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    pub size: u64,
+    pub digest: String,
+    pub diff_id: String,
+    pub uncompressed_size: u64,
+    pub toc_digest: String,
+    pub toc_offset: u64,
+}
+
+/// A ustar header of a regular file with only a name and a size, as the reference writer
+/// makes for the TOC and the landmarks.
+fn plain_header(name: &str, size: u64, mode: u32) -> [u8; 512] {
+    let mut h = tar::Header::new_ustar();
+    h.set_path(name).expect("a short ASCII name fits a ustar header");
+    h.set_size(size);
+    h.set_mode(mode);
+    h.set_mtime(0);
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_cksum();
+    *h.as_bytes()
+}
+
+fn copy_range<R: Read + Seek>(tar: &mut R, from: u64, len: u64, out: &mut impl Write) -> io::Result<()> {
+    tar.seek(SeekFrom::Start(from))?;
+    let copied = io::copy(&mut tar.take(len), out)?;
+    if copied != len {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the layer tar ended inside an entry"));
+    }
+    Ok(())
+}
+
+/// Writes `entries` of `tar` in `order` to `out` as eStargz. `progress` is told the input
+/// bytes consumed.
+pub fn write<R: Read + Seek, W: Write>(
+    tar: &mut R,
+    entries: &[TarEntry],
+    order: &[Item],
+    out: W,
+    opts: Options,
+    progress: &dyn Fn(u64),
+) -> io::Result<(Written, W)> {
+    let mut m = Members::new(out, opts.level);
+    let mut toc = TocBuilder::default();
+    let mut buf = vec![0u8; opts.chunk_size.min(16 << 20) as usize];
+    for item in order {
+        match *item {
+            Item::Landmark(name) => {
+                m.write_all(&plain_header(name, 1, 0o644))?;
+                m.cut()?;
+                let offset = m.offset();
+                let mut block = [0u8; 512];
+                block[0] = LANDMARK_BYTE;
+                m.write_all(&block)?;
+                let digest = sha256_digest(&[LANDMARK_BYTE]);
+                toc.entries.push(super::toc_out::OutEntry {
+                    name: name.to_owned(),
+                    kind: "reg",
+                    size: 1,
+                    mode: 0o644,
+                    offset: offset as i64,
+                    digest: digest.clone(),
+                    chunk_digest: digest,
+                    ..Default::default()
+                });
+            }
+            Item::Entry(i) => {
+                let e = &entries[i];
+                copy_range(tar, e.start, e.data - e.start, &mut m)?;
+                let mut first = toc.entry(e);
+                if e.kind != Kind::Reg || e.size == 0 {
+                    copy_range(tar, e.data, e.end - e.data, &mut m)?;
+                    toc.entries.push(first);
+                    progress(e.end - e.start);
+                    continue;
+                }
+                let mut whole = Sha256::new();
+                let mut chunks = Vec::new();
+                let mut done = 0u64;
+                tar.seek(SeekFrom::Start(e.data))?;
+                while done < e.size {
+                    let len = (e.size - done).min(opts.chunk_size);
+                    m.cut()?;
+                    let offset = m.offset();
+                    let piece = &mut buf[..len as usize];
+                    tar.read_exact(piece)?;
+                    m.write_all(piece)?;
+                    whole.update(&*piece);
+                    chunks.push((offset, done, len, sha256_digest(piece)));
+                    done += len;
+                    progress(len);
+                }
+                // The padding stays in the last chunk's member; the next header follows it.
+                copy_range(tar, e.data + e.size, e.end - e.data - e.size, &mut m)?;
+                let last = chunks.len() - 1;
+                for (n, (offset, chunk_offset, len, digest)) in chunks.into_iter().enumerate() {
+                    let chunk_size = if n == last { 0 } else { len as i64 };
+                    if n == 0 {
+                        first.offset = offset as i64;
+                        first.digest = format!("sha256:{}", hex::encode(whole.clone().finalize()));
+                        first.chunk_size = chunk_size;
+                        first.chunk_digest = digest;
+                        toc.entries.push(first.clone());
+                    } else {
+                        toc.entries.push(super::toc_out::OutEntry {
+                            name: e.name.clone(),
+                            kind: "chunk",
+                            offset: offset as i64,
+                            chunk_offset: chunk_offset as i64,
+                            chunk_size,
+                            chunk_digest: digest,
+                            ..Default::default()
+                        });
+                    }
+                }
+                progress(e.end - e.data - e.size + (e.data - e.start));
+            }
+        }
+    }
+    m.cut()?;
+    let toc_offset = m.offset();
+    let json = toc.json();
+    m.write_all(&plain_header(TOC_NAME, json.len() as u64, 0))?;
+    m.write_all(&json)?;
+    let padding = (512 - json.len() % 512) % 512;
+    m.write_all(&vec![0u8; padding + 1024])?;
+    m.write_outside(&footer_bytes(toc_offset))?;
+    let uncompressed_size = m.raw.count;
+    let diff_id = std::mem::replace(&mut m.raw, super::members::Hashed::new(io::sink())).finish().0;
+    let (size, digest, out) = m.finish()?;
+    let written = Written { size, digest, diff_id, uncompressed_size, toc_digest: sha256_digest(&json), toc_offset };
+    Ok((written, out))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::convert::plan::{Pattern, plan};
+    use crate::convert::tar_index::index;
+    use crate::estargz::{EntryKind, decode_chunk, decode_toc, parse_footer};
+    use std::io::Cursor;
+
+    /// A layer with what real ones hold: directories, files smaller and larger than a chunk,
+    /// an empty file, a symlink, a hard link, a device, a whiteout and xattrs.
+    pub(crate) fn sample_tar() -> Vec<u8> {
+        let b = std::cell::RefCell::new(tar::Builder::new(Vec::new()));
+        let add = |kind: tar::EntryType, name: &str, data: &[u8], f: &dyn Fn(&mut tar::Header)| {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(kind);
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_mtime(1_700_000_000);
+            h.set_uid(1000);
+            h.set_username("alice").unwrap();
+            f(&mut h);
+            b.borrow_mut().append_data(&mut h, name, data).unwrap();
+        };
+        add(tar::EntryType::Directory, "etc/", b"", &|h| h.set_mode(0o755));
+        add(tar::EntryType::Regular, "etc/motd", b"hello\n", &|_| {});
+        add(tar::EntryType::Regular, "etc/empty", b"", &|_| {});
+        let big: Vec<u8> = (0..10_000u32).flat_map(|i| i.to_le_bytes()).collect();
+        add(tar::EntryType::Regular, "usr/lib/big.bin", &big, &|h| h.set_mode(0o755));
+        add(tar::EntryType::Symlink, "etc/link", b"", &|h| h.set_link_name("motd").unwrap());
+        add(tar::EntryType::Link, "etc/hard", b"", &|h| h.set_link_name("etc/motd").unwrap());
+        add(tar::EntryType::Char, "dev/null", b"", &|h| {
+            h.set_device_major(1).unwrap();
+            h.set_device_minor(3).unwrap();
+        });
+        add(tar::EntryType::Regular, "etc/.wh.gone", b"", &|_| {});
+        add(tar::EntryType::Regular, ".prefetch.landmark", &[LANDMARK_BYTE], &|_| {});
+        b.borrow_mut().append_pax_extensions([("SCHILY.xattr.user.tag", &b"\x01\x02"[..])]).unwrap();
+        add(tar::EntryType::Regular, "etc/tagged", b"x", &|_| {});
+        b.into_inner().into_inner().unwrap()
+    }
+
+    fn convert(tar: &[u8], prefetch: &[Pattern], chunk: u64) -> (Written, Vec<u8>) {
+        let entries = index(Cursor::new(tar)).unwrap();
+        let (order, _) = plan(&entries, prefetch);
+        write(&mut Cursor::new(tar), &entries, &order, Vec::new(), Options { chunk_size: chunk, level: 6 }, &|_| {})
+            .unwrap()
+    }
+
+    #[test]
+    fn the_reader_finds_every_file_and_chunk_with_its_bytes() {
+        let tar = sample_tar();
+        let (w, blob) = convert(&tar, &[], 4096);
+        assert_eq!(w.size, blob.len() as u64);
+        assert_eq!(w.digest, sha256_digest(&blob));
+        let footer = parse_footer(&blob[blob.len() - 51..], blob.len() as u64).unwrap();
+        assert_eq!(footer.toc_offset, w.toc_offset);
+        let toc = decode_toc(&blob[w.toc_offset as usize..], w.toc_offset, &w.toc_digest, 1 << 20).unwrap();
+        let by_name = |n: &str| toc.entries.iter().find(|e| e.path == n).unwrap_or_else(|| panic!("{n}"));
+        let source = |n: &str| {
+            let mut a = tar::Archive::new(&tar[..]);
+            let mut v = Vec::new();
+            for e in a.entries().unwrap() {
+                let mut e = e.unwrap();
+                if e.path().unwrap().to_str() == Some(n) {
+                    e.read_to_end(&mut v).unwrap();
+                }
+            }
+            v
+        };
+        for name in ["etc/motd", "usr/lib/big.bin", "etc/tagged"] {
+            let e = by_name(name);
+            let mut bytes = Vec::new();
+            for c in &e.chunks {
+                let range = &blob[c.offset as usize..c.compressed_end as usize];
+                bytes.extend(decode_chunk(name, c, range).unwrap());
+            }
+            assert_eq!(bytes, source(name), "{name}");
+        }
+        assert_eq!(by_name("usr/lib/big.bin").chunks.len(), 10);
+        assert_eq!(by_name("etc/link").kind, EntryKind::Symlink("motd".into()));
+        assert_eq!(by_name("etc/hard").kind, EntryKind::Hardlink("etc/motd".into()));
+        assert_eq!(by_name("dev/null").kind, EntryKind::Char { major: 1, minor: 3 });
+        assert_eq!(by_name("etc/tagged").xattrs["user.tag"], b"\x01\x02");
+        assert_eq!(by_name("etc/tagged").user_name.as_deref(), Some("alice"));
+        assert_eq!(by_name("etc/motd").uid, 1000);
+        assert_eq!(by_name("etc/motd").mtime, 1_700_000_000);
+        assert_eq!(toc.landmark, crate::estargz::Landmark::NoPrefetch);
+        // The stream is the input's entries, then the TOC entry and the end of the archive.
+        let mut raw = Vec::new();
+        flate2::read::MultiGzDecoder::new(&blob[..]).read_to_end(&mut raw).unwrap();
+        assert_eq!(w.diff_id, sha256_digest(&raw));
+        assert_eq!(w.uncompressed_size, raw.len() as u64);
+        let names: Vec<String> = tar::Archive::new(&raw[..])
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.first().map(String::as_str), Some(".no.prefetch.landmark"));
+        assert_eq!(names.last().map(String::as_str), Some("stargz.index.json"));
+        assert_eq!(names.iter().filter(|n| n.ends_with("landmark")).count(), 1);
+    }
+
+    #[test]
+    fn the_same_input_gives_the_same_blob_and_a_prefetch_list_moves_files_before_the_landmark() {
+        let tar = sample_tar();
+        let list = [Pattern::parse("/etc/tagged").unwrap(), Pattern::parse("/etc/hard").unwrap()];
+        let (a, blob_a) = convert(&tar, &list, 4096);
+        let (b, blob_b) = convert(&tar, &list, 4096);
+        assert_eq!((a, &blob_a), (b, &blob_b));
+        let w = convert(&tar, &list, 4096).0;
+        let toc = decode_toc(&blob_a[w.toc_offset as usize..], w.toc_offset, &w.toc_digest, 1 << 20).unwrap();
+        let crate::estargz::Landmark::Prefetch { offset } = toc.landmark else { panic!("{:?}", toc.landmark) };
+        // Everything the listed files need lies before the landmark: etc, tagged, motd, hard.
+        let before: Vec<&str> = toc
+            .entries
+            .iter()
+            .filter(|e| !e.implicit && e.chunks.first().is_none_or(|c| c.offset < offset) && !e.path.is_empty())
+            .filter(|e| e.chunks.first().is_some_and(|c| c.offset < offset))
+            .map(|e| e.path.as_str())
+            .collect();
+        assert_eq!(before, ["etc/tagged", "etc/motd"]);
+    }
+}

@@ -1,0 +1,40 @@
+//! `strata convert`: images into eStargz that both Strata and stargz-snapshotter read lazily.
+//! Layers are rewritten from their tar (`tar_index`, `plan`, `estargz_out`), images from their
+//! manifests (`image`), between registries and OCI layout directories (`layout`).
+
+pub mod estargz_out;
+pub mod image;
+pub mod layer;
+pub mod layout;
+mod members;
+pub mod plan;
+pub mod tar_index;
+mod toc_out;
+
+pub use estargz_out::{DEFAULT_CHUNK_SIZE, Options};
+pub use image::{IfConverted, Job, Place, Progress, Report};
+pub use plan::Pattern;
+
+use crate::registry::RegistryError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("layer {layer}: {reason}")]
+    Layer { layer: String, reason: String },
+    #[error("{reference}: {reason}")]
+    Image { reference: String, reason: String },
+    #[error(
+        "{reference} is already eStargz (every layer has a TOC digest); --if-converted reconvert converts it again, skip copies it as it is"
+    )]
+    AlreadyConverted { reference: String },
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error("{0}")]
+    Usage(String),
+}

@@ -1,0 +1,347 @@
+//! `strata convert` against the real registry, umoci, skopeo, containerd and Debian's
+//! `ctr-remote`: what Strata writes pulls lazily through Strata, pulls whole through
+//! containerd (which checks every DiffID), has TOCs that stargz-snapshotter's reader accepts,
+//! and unpacks to the same tree as the image it came from. Needs root: run by `.ci/run`.
+
+mod common;
+
+use common::containerd::{registry, registry_log};
+use common::node::Node;
+use common::*;
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn convert(args: &[&str]) -> Output {
+    let hosts = tempfile::tempdir().unwrap();
+    Command::new(BIN).arg("convert").args(["--hosts-dir", hosts.path().to_str().unwrap()]).args(args).output().unwrap()
+}
+
+fn convert_ok(args: &[&str]) -> String {
+    let out = convert(args);
+    assert!(out.status.success(), "strata convert {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn run(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().unwrap();
+    assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The manifest of `repo:tag` in the test registry.
+fn manifest(repo_tag: &str) -> (serde_json::Value, Option<String>) {
+    let (repo, tag) = repo_tag.split_once(':').unwrap();
+    let out = Command::new("curl")
+        .args(["-fsS", "-D-", "-H", "Accept: application/vnd.oci.image.manifest.v1+json"])
+        .arg(format!("http://{}/v2/strata/{repo}/manifests/{tag}", registry()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{repo_tag}: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let digest = head
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("docker-content-digest:").map(|d| d.trim().to_owned()));
+    (serde_json::from_str(body).unwrap(), digest)
+}
+
+fn registry_has(repo_tag: &str) -> bool {
+    let (repo, tag) = repo_tag.split_once(':').unwrap();
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-H",
+            "Accept: application/vnd.oci.image.manifest.v1+json",
+        ])
+        .arg(format!("http://{}/v2/strata/{repo}/manifests/{tag}", registry()))
+        .output()
+        .unwrap();
+    out.stdout == b"200"
+}
+
+fn blob(digest: &str, repo: &str) -> Vec<u8> {
+    let out = Command::new("curl")
+        .args(["-fsS"])
+        .arg(format!("http://{}/v2/strata/{repo}/blobs/{digest}", registry()))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    out.stdout
+}
+
+/// A layer blob's TOC, found the way a reader finds it: by the footer.
+fn toc_of(blob: &[u8]) -> serde_json::Value {
+    let footer = &blob[blob.len() - 51..];
+    let offset = u64::from_str_radix(std::str::from_utf8(&footer[16..32]).unwrap(), 16).unwrap() as usize;
+    let mut tar = Vec::new();
+    flate2::read::GzDecoder::new(&blob[offset..]).read_to_end(&mut tar).unwrap();
+    let size =
+        usize::from_str_radix(std::str::from_utf8(&tar[124..135]).unwrap().trim_matches(char::from(0)), 8).unwrap();
+    serde_json::from_slice(&tar[512..512 + size]).unwrap()
+}
+
+/// Entry names of a layer blob's tar stream, in order, as GNU tar lists them.
+fn tar_names(blob: &[u8], dir: &Path) -> Vec<String> {
+    let path = dir.join("layer.tar.gz");
+    std::fs::write(&path, blob).unwrap();
+    run("tar", &["-tzf", path.to_str().unwrap()])
+        .lines()
+        .map(|l| l.trim_end_matches('/').trim_start_matches("./").to_owned())
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root, containerd, ctr-remote and the test registry: run by .ci/run"]
+fn converted_images_pull_lazily_pull_whole_and_ctr_remote_reads_their_tocs() {
+    let src = format!("{}/strata/busybox:1", registry());
+    let dst = format!("{}/strata/busybox:strata-esgz", registry());
+    let said = convert_ok(&[&src, &dst]);
+    assert!(said.contains("converted") && said.contains("2 layers"), "{said}");
+    let (m, _) = manifest("busybox:strata-esgz");
+    assert_eq!(m["mediaType"], "application/vnd.oci.image.manifest.v1+json");
+    let layers: Vec<(String, String)> = m["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            assert_eq!(l["mediaType"], "application/vnd.oci.image.layer.v1.tar+gzip");
+            assert!(
+                l["annotations"]["io.containers.estargz.uncompressed-size"].as_str().unwrap().parse::<u64>().is_ok()
+            );
+            (
+                l["digest"].as_str().unwrap().to_owned(),
+                l["annotations"]["containerd.io/snapshot/stargz/toc.digest"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+
+    // Lazily, through Strata.
+    let node = Node::start();
+    let image = node.rpull("busybox:strata-esgz");
+    for (digest, _) in &layers {
+        let l = node.layer_when(digest, |l| l["image"] == image.as_str());
+        assert_eq!(l["lazy"], true, "{l:#}");
+    }
+    assert_eq!(
+        node.run_sh(&image, "converted-lazy", "cat /etc/motd; ls /bin | wc -l").lines().next(),
+        Some("strata layer two")
+    );
+
+    // Whole, through containerd's own overlayfs snapshotter, which unpacks every layer and
+    // checks its DiffID against the converted config.
+    node.ctr(&["images", "pull", "--plain-http", &image]);
+    let out = node.ctr(&["run", "--rm", &image, "converted-whole", "cat", "/etc/motd"]);
+    assert_eq!(out, "strata layer two\n");
+
+    // stargz-snapshotter's own reader (ctr-remote) finds each TOC by its footer and hashes it
+    // to the digest the manifest carries.
+    for (digest, toc_digest) in &layers {
+        let out = node.containerd.ctr_remote(&["image", "get-toc-digest", digest]);
+        assert!(out.status.success(), "get-toc-digest {digest}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), toc_digest, "layer {digest}");
+    }
+}
+
+#[test]
+#[ignore = "needs skopeo, umoci and the test registry: run by .ci/run"]
+fn conversion_keeps_every_file_as_umoci_unpacks_it_and_gives_the_same_bytes_every_time() {
+    let work = tempfile::tempdir().unwrap();
+    let w = |p: &str| work.path().join(p).to_str().unwrap().to_owned();
+    // specials: hard links, a device, a fifo, setuid, an xattr, another owner, a whiteout.
+    let src = format!("docker://{}/strata/specials:1", registry());
+    run("skopeo", &["copy", "-q", "--src-tls-verify=false", &src, &format!("oci:{}:1", w("src"))]);
+    convert_ok(&[&format!("oci:{}:1", w("src")), &format!("oci:{}:esgz", w("dst"))]);
+    run("umoci", &["unpack", "--image", &format!("{}:1", w("src")), &w("a")]);
+    run("umoci", &["unpack", "--image", &format!("{}:esgz", w("dst")), &w("b")]);
+    let (plain, plain_links) = common::tree::tree(&work.path().join("a/rootfs"));
+    let (mut converted, converted_links) = common::tree::tree(&work.path().join("b/rootfs"));
+    for meta in ["stargz.index.json", ".prefetch.landmark", ".no.prefetch.landmark"] {
+        converted.remove(meta);
+    }
+    let diff = common::tree::differences(&plain, &converted, 20);
+    assert!(
+        diff.is_empty(),
+        "umoci unpack of the original (first) and of the conversion (second) differ:\n{}",
+        diff.join("\n")
+    );
+    assert_eq!(plain_links, converted_links);
+    assert!(plain.len() > 100 && !plain_links.is_empty(), "{} entries", plain.len());
+    assert!(plain.values().any(|e| e.kind == "char") && plain.values().any(|e| !e.xattrs.is_empty()));
+
+    // The same input gives the same image on one CPU and with several layers at once.
+    let one_cpu = Command::new("taskset")
+        .args([
+            "-c",
+            "0",
+            BIN,
+            "convert",
+            "--jobs",
+            "1",
+            &format!("oci:{}:1", w("src")),
+            &format!("oci:{}:esgz", w("again")),
+        ])
+        .output()
+        .unwrap();
+    assert!(one_cpu.status.success(), "{}", String::from_utf8_lossy(&one_cpu.stderr));
+    let index = |dir: &str| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(work.path().join(dir).join("index.json")).unwrap()).unwrap()
+    };
+    assert_eq!(index("dst")["manifests"][0]["digest"], index("again")["manifests"][0]["digest"]);
+}
+
+#[test]
+#[ignore = "needs root, containerd and the test registry: run by .ci/run"]
+fn a_prefetch_list_puts_exactly_those_files_first_and_a_lazy_pull_fetches_them_in_one_request() {
+    let work = tempfile::tempdir().unwrap();
+    let list = work.path().join("prefetch.txt");
+    std::fs::write(&list, "# read at start-up\n/bin/busybox\n/etc/motd\n/not/in/the/image\n").unwrap();
+    let src = format!("{}/strata/busybox:1", registry());
+    let dst = format!("{}/strata/busybox:strata-prefetch", registry());
+    convert_ok(&["--prefetch-list", list.to_str().unwrap(), &src, &dst]);
+    let (m, _) = manifest("busybox:strata-prefetch");
+    let digests: Vec<String> =
+        m["layers"].as_array().unwrap().iter().map(|l| l["digest"].as_str().unwrap().to_owned()).collect();
+    let mut regions = Vec::new();
+    for (digest, listed) in digests.iter().zip([["bin/busybox"], ["etc/motd"]]) {
+        let blob = blob(digest, "busybox");
+        let names = tar_names(&blob, work.path());
+        let at = names.iter().position(|n| n == ".prefetch.landmark").unwrap_or_else(|| panic!("{names:?}"));
+        // Before the landmark: the listed file and the directories above it, nothing else.
+        let before = &names[..at];
+        let files: Vec<&String> = before.iter().filter(|n| !listed[0].starts_with(&format!("{n}/"))).collect();
+        assert_eq!(files, [&listed[0].to_owned()], "{before:?}");
+        assert!(!names.contains(&".no.prefetch.landmark".to_owned()));
+        let toc = toc_of(&blob);
+        let entries = toc["entries"].as_array().unwrap();
+        let landmark = entries.iter().find(|e| e["name"] == ".prefetch.landmark").unwrap()["offset"].as_u64().unwrap();
+        // The region runs from the first file's payload (the member before it holds only
+        // headers) to the landmark.
+        let first = entries.iter().filter_map(|e| e["offset"].as_u64()).min().unwrap();
+        regions.push(landmark - first);
+    }
+
+    let node = Node::start();
+    let mark = registry_log().len();
+    let image = node.rpull("busybox:strata-prefetch");
+    for d in &digests {
+        let l = node.layer_when(d, |l| l["prefetch"] == "done");
+        assert_eq!(l["lazy"], true, "{l:#}");
+    }
+    // Each layer's prefetch region came in one ranged GET of exactly that size.
+    let log = registry_log()[mark..].to_owned();
+    for (d, size) in digests.iter().zip(&regions) {
+        let whole = log.lines().filter(|l| l.contains(d.as_str()) && l.contains(&format!("\" 206 {size} "))).count();
+        assert_eq!(whole, 1, "one GET of {size} bytes of {d}:\n{log}");
+    }
+    assert_eq!(node.run_sh(&image, "prefetched", "cat /etc/motd"), "strata layer two\n");
+}
+
+#[test]
+#[ignore = "needs the test registry: run by .ci/run"]
+fn an_image_already_in_estargz_is_copied_or_refused_as_asked() {
+    let src = format!("{}/strata/busybox:esgz", registry());
+    let out = convert(&["--if-converted", "error", &src, &format!("{}/strata/busybox:not-written", registry())]);
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("already eStargz"), "{e}");
+    assert!(!registry_has("busybox:not-written"));
+    let said = convert_ok(&[&src, &format!("{}/strata/busybox:copied", registry())]);
+    assert!(said.contains("copied"), "{said}");
+    assert_eq!(manifest("busybox:esgz").1, manifest("busybox:copied").1, "the same manifest, byte for byte");
+}
+
+/// An OCI layout of one image with one layer: `tar`, gzipped, with a config that names its
+/// DiffID. Returns the layout reference.
+fn layout_with_layer(dir: &Path, tar: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = |b: &[u8]| format!("sha256:{}", hex::encode(Sha256::digest(b)));
+    let put = |b: &[u8]| {
+        let d = digest(b);
+        let p = dir.join("blobs/sha256").join(d.strip_prefix("sha256:").unwrap());
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, b).unwrap();
+        d
+    };
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, tar).unwrap();
+    let layer = gz.finish().unwrap();
+    let config = serde_json::json!({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": [digest(tar)]}});
+    let config = serde_json::to_vec(&config).unwrap();
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": put(&config), "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": put(&layer), "size": layer.len()}],
+    });
+    let manifest = serde_json::to_vec(&manifest).unwrap();
+    let index = serde_json::json!({"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": put(&manifest), "size": manifest.len(),
+        "annotations": {"org.opencontainers.image.ref.name": "1"}}]});
+    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    format!("oci:{}:1", dir.display())
+}
+
+/// A tar of one regular file named `name`, which may be anything, as a hostile tool writes it.
+fn tar_named(name: &str) -> Vec<u8> {
+    let mut h = [0u8; 512];
+    h[..name.len()].copy_from_slice(name.as_bytes());
+    h[100..107].copy_from_slice(b"0000644");
+    h[108..115].copy_from_slice(b"0000000");
+    h[116..123].copy_from_slice(b"0000000");
+    h[124..135].copy_from_slice(b"00000000004");
+    h[136..147].copy_from_slice(b"00000000000");
+    h[156] = b'0';
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[263..265].copy_from_slice(b"00");
+    h[148..156].fill(b' ');
+    let sum: u32 = h.iter().map(|b| u32::from(*b)).sum();
+    h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+    let mut t = h.to_vec();
+    let mut data = [0u8; 512];
+    data[..4].copy_from_slice(b"evil");
+    t.extend_from_slice(&data);
+    t.extend_from_slice(&[0u8; 1024]);
+    t
+}
+
+#[test]
+#[ignore = "needs the test registry: run by .ci/run"]
+fn names_that_leave_the_layer_and_damaged_layers_are_refused_and_nothing_is_written() {
+    for (case, name) in [("dotdot", "../../etc/evil"), ("absolute", "/etc/evil")] {
+        let work = tempfile::tempdir().unwrap();
+        let src = layout_with_layer(&work.path().join("src"), &tar_named(name));
+        let dst_layout = work.path().join("dst");
+        let repo_tag = format!("bad:{case}");
+        for dst in [format!("oci:{}:esgz", dst_layout.display()), format!("{}/strata/{repo_tag}", registry())] {
+            let out = convert(&[&src, &dst]);
+            assert!(!out.status.success(), "{case}: converted");
+            let e = String::from_utf8_lossy(&out.stderr);
+            assert!(e.contains(name) && (e.contains("absolute") || e.contains("climbs out")), "{case}: {e}");
+        }
+        assert!(!dst_layout.join("index.json").exists(), "{case}: no image in the layout");
+        assert!(!registry_has(&repo_tag), "{case}: no image in the registry");
+    }
+
+    // A layer cut short, so that its bytes no longer hash to its digest.
+    let work = tempfile::tempdir().unwrap();
+    let src = layout_with_layer(&work.path().join("src"), &tar_named("fine"));
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(work.path().join("src/index.json")).unwrap()).unwrap();
+    let blobs = work.path().join("src/blobs/sha256");
+    let read_blob = |d: &str| std::fs::read(blobs.join(d.strip_prefix("sha256:").unwrap())).unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&read_blob(index["manifests"][0]["digest"].as_str().unwrap())).unwrap();
+    let layer = manifest["layers"][0]["digest"].as_str().unwrap();
+    let bytes = read_blob(layer);
+    std::fs::write(blobs.join(layer.strip_prefix("sha256:").unwrap()), &bytes[..bytes.len() - 12]).unwrap();
+    let out = convert(&[&src, &format!("oci:{}:esgz", work.path().join("dst").display())]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && e.contains(layer) && e.contains("damaged"), "{e}");
+    assert!(!work.path().join("dst/index.json").exists());
+}
