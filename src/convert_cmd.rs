@@ -17,6 +17,8 @@ use strata_tiering::units::ByteSize;
 enum Format {
     /// gzip eStargz, as stargz-snapshotter and Strata read it lazily.
     Estargz,
+    /// zstd:chunked as stargz-snapshotter writes it (zstd frames, TOC in a skippable frame).
+    ZstdChunked,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -40,9 +42,10 @@ pub struct ConvertArgs {
     /// Chunk size inside large files: each chunk is fetched on its own.
     #[arg(long, default_value = "4MiB", value_parser = ByteSize::parse)]
     chunk_size: ByteSize,
-    /// gzip level, 0 (fastest) to 9 (smallest, as ctr-remote's default).
-    #[arg(long, default_value_t = 9, value_parser = clap::value_parser!(u32).range(0..=9))]
-    compression_level: u32,
+    /// gzip level, 0 (fastest) to 9 (smallest; the default, as ctr-remote's); zstd level, 1 to
+    /// 22 (default 3, as ctr-remote's).
+    #[arg(long)]
+    compression_level: Option<u32>,
     /// Paths or globs (one per line, in access order) to place before `.prefetch.landmark`,
     /// so they are fetched before a container starts.
     #[arg(long)]
@@ -96,7 +99,7 @@ impl convert::Progress for Bars {
 
     fn layer_done(&self, digest: &str, c: &Converted) {
         let line = format!(
-            "layer {} -> {}: {} eStargz, {} files before the landmark",
+            "layer {} -> {}: {}, {} entries before the landmark",
             short(digest),
             short(&c.written.digest),
             ByteSize(c.written.size),
@@ -127,7 +130,15 @@ fn docker_config(arg: Option<PathBuf>) -> PathBuf {
 }
 
 pub async fn run(args: ConvertArgs) -> anyhow::Result<()> {
-    let Format::Estargz = args.format;
+    let format = match args.format {
+        Format::Estargz => convert::Format::Estargz,
+        Format::ZstdChunked => convert::Format::ZstdChunked,
+    };
+    let level = args.compression_level.unwrap_or(format.default_level());
+    let levels = if format == convert::Format::Estargz { 0..=9 } else { 1..=22 };
+    if !levels.contains(&level) {
+        anyhow::bail!("--compression-level {level} is outside {levels:?} for {:?}", args.format);
+    }
     let prefetch = match &args.prefetch_list {
         Some(p) => std::fs::read_to_string(p)
             .map_err(|e| anyhow::anyhow!("the prefetch list {}: {e}", p.display()))?
@@ -147,7 +158,7 @@ pub async fn run(args: ConvertArgs) -> anyhow::Result<()> {
     let job = Job {
         src: Place::parse(&args.src)?,
         dst: Place::parse(&args.dst)?,
-        options: Options { chunk_size: args.chunk_size.0, level: args.compression_level },
+        options: Options { format, chunk_size: args.chunk_size.0, level },
         prefetch,
         jobs: args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)),
         if_converted: match args.if_converted {
@@ -161,7 +172,7 @@ pub async fn run(args: ConvertArgs) -> anyhow::Result<()> {
         Registry::new(Hosts::new(Some(&args.hosts_dir)), Credentials::load(&docker_config(args.docker_config))?);
     let bars = Bars { multi: MultiProgress::new(), bars: Mutex::new(HashMap::new()) };
     let report = convert::image::run(&job, &registry, &bars).await?;
-    let what = if report.skipped { "copied (already eStargz)" } else { "converted" };
+    let what = if report.skipped { "copied (already in that format)" } else { "converted" };
     println!("{} {what}: {} ({} layers converted)", args.dst, report.digest, report.layers_converted);
     Ok(())
 }

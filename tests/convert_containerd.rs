@@ -248,7 +248,7 @@ fn an_image_already_in_estargz_is_copied_or_refused_as_asked() {
     let out = convert(&["--if-converted", "error", &src, &format!("{}/strata/busybox:not-written", registry())]);
     assert!(!out.status.success());
     let e = String::from_utf8_lossy(&out.stderr);
-    assert!(e.contains("already eStargz"), "{e}");
+    assert!(e.contains("is already eStargz"), "{e}");
     assert!(!registry_has("busybox:not-written"));
     let said = convert_ok(&[&src, &format!("{}/strata/busybox:copied", registry())]);
     assert!(said.contains("copied"), "{said}");
@@ -344,4 +344,50 @@ fn names_that_leave_the_layer_and_damaged_layers_are_refused_and_nothing_is_writ
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && e.contains(layer) && e.contains("damaged"), "{e}");
     assert!(!work.path().join("dst/index.json").exists());
+}
+
+#[test]
+#[ignore = "needs root, containerd, ctr-remote and the test registry: run by .ci/run"]
+fn zstd_chunked_images_from_strata_and_from_ctr_remote_pull_lazily() {
+    let src = format!("{}/strata/busybox:1", registry());
+    convert_ok(&["--format", "zstd-chunked", &src, &format!("{}/strata/busybox:strata-zstd", registry())]);
+    let (m, _) = manifest("busybox:strata-zstd");
+    let mut layers = Vec::new();
+    for l in m["layers"].as_array().unwrap() {
+        assert_eq!(l["mediaType"], "application/vnd.oci.image.layer.v1.tar+zstd");
+        let a = &l["annotations"];
+        let position: Vec<u64> = a["io.containers.zstd-chunked.manifest-position"]
+            .as_str()
+            .unwrap()
+            .split(':')
+            .map(|p| p.parse().unwrap())
+            .collect();
+        assert_eq!((position.len(), position[3]), (4, 1), "offset:length:raw length:1");
+        let digest = l["digest"].as_str().unwrap().to_owned();
+        // The position and checksum name the compressed TOC in the blob.
+        let blob = blob(&digest, "busybox");
+        let toc = &blob[position[0] as usize..(position[0] + position[1]) as usize];
+        assert_eq!(a["io.containers.zstd-chunked.manifest-checksum"].as_str().unwrap(), format!("sha256:{}", sha(toc)));
+        layers.push((digest, a["containerd.io/snapshot/stargz/toc.digest"].as_str().unwrap().to_owned()));
+    }
+
+    let node = Node::start();
+    for reference in ["busybox:strata-zstd", "busybox:zstdchunked"] {
+        let image = node.rpull(reference);
+        for d in node.layer_digests(reference) {
+            let l = node.layer_when(&d, |l| l["image"] == image.as_str());
+            assert_eq!(l["lazy"], true, "{reference}: {l:#}");
+        }
+        let name = format!("zstd-{}", reference.replace(':', "-"));
+        assert_eq!(node.run_sh(&image, &name, "cat /etc/motd"), "strata layer two\n", "{reference}");
+    }
+    // Whole through containerd (DiffIDs checked), and each TOC read by ctr-remote.
+    let image = format!("{}/strata/busybox:strata-zstd", registry());
+    node.ctr(&["images", "pull", "--plain-http", &image]);
+    assert_eq!(node.ctr(&["run", "--rm", &image, "zstd-whole", "cat", "/etc/motd"]), "strata layer two\n");
+    for (digest, toc_digest) in &layers {
+        let out = node.containerd.ctr_remote(&["image", "get-toc-digest", "--zstdchunked", digest]);
+        assert!(out.status.success(), "get-toc-digest {digest}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), toc_digest, "layer {digest}");
+    }
 }

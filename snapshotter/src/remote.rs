@@ -84,7 +84,7 @@ impl Default for RemoteOptions {
 #[derive(Debug)]
 pub struct TocMember {
     pub size: u64,
-    pub toc_offset: u64,
+    pub footer: estargz::Footer,
     pub bytes: bytes::Bytes,
 }
 
@@ -103,11 +103,11 @@ pub async fn fetch_toc(
     let tail_start = size.saturating_sub(MAX_FOOTER_SIZE);
     let tail = registry.blob_range(image, digest, tail_start..size).await.map_err(reg_err)?;
     let footer = estargz::parse_footer(&tail, size).map_err(fmt_err)?;
-    if size - footer.len - footer.toc_offset > max_toc_size {
+    if footer.toc_end - footer.toc_offset > max_toc_size {
         return Err(fmt_err(FormatError::TocTooLarge { limit: max_toc_size }));
     }
-    let bytes = registry.blob_range(image, digest, footer.toc_offset..size - footer.len).await.map_err(reg_err)?;
-    Ok(TocMember { size, toc_offset: footer.toc_offset, bytes })
+    let bytes = registry.blob_range(image, digest, footer.toc_offset..footer.toc_end).await.map_err(reg_err)?;
+    Ok(TocMember { size, footer, bytes })
 }
 
 /// Checks `member` against `toc_digest` and builds the layer's namespace.
@@ -120,12 +120,13 @@ pub async fn build_layer(
     opts: &RemoteOptions,
 ) -> Result<LayerNamespace, RemoteError> {
     let fmt_err = |source| RemoteError::Format { image: image.to_string(), layer: digest.to_owned(), source };
-    let (bytes, limit, want, toc_offset) =
-        (member.bytes.clone(), opts.max_toc_size, toc_digest.to_owned(), member.toc_offset);
-    let toc = tokio::task::spawn_blocking(move || estargz::decode_toc(&bytes, toc_offset, &want, limit))
-        .await
-        .map_err(|e| fmt_err(FormatError::TocMember(e.to_string())))?
-        .map_err(fmt_err)?;
+    let (bytes, limit, want, footer) = (member.bytes.clone(), opts.max_toc_size, toc_digest.to_owned(), member.footer);
+    let toc = tokio::task::spawn_blocking(move || {
+        estargz::decode_toc(&bytes, footer.compression, footer.data_end, &want, limit)
+    })
+    .await
+    .map_err(|e| fmt_err(FormatError::TocMember(e.to_string())))?
+    .map_err(fmt_err)?;
     let blob = Arc::new(
         Blob::new(registry, image.clone(), digest.to_owned(), member.size)
             .with_metrics(opts.metrics.clone())

@@ -175,10 +175,9 @@ pub fn apply_blob(path: &Path, dir: &Path) -> Result<u64, UnpackError> {
     let reader = std::io::BufReader::new(f);
     match &magic[..n] {
         [0x1f, 0x8b, ..] => apply(flate2::read::MultiGzDecoder::new(reader), dir),
-        [0x28, 0xb5, 0x2f, 0xfd] => Err(UnpackError::Entry {
-            name: path.display().to_string(),
-            reason: "zstd-compressed layers are not unpacked by Strata yet".into(),
-        }),
+        [0x28, 0xb5, 0x2f, 0xfd] => {
+            apply(zstd::stream::read::Decoder::new(reader).map_err(io("starting zstd on the layer blob"))?, dir)
+        }
         _ => apply(reader, dir),
     }
 }

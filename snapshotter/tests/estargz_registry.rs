@@ -16,8 +16,8 @@ async fn read_toc(reg: &Registry, image: &ImageRef, layer: &ManifestLayer, diges
     assert_eq!(size, layer.size);
     let tail = reg.blob_range(image, &layer.digest, size - MAX_FOOTER_SIZE..size).await.unwrap();
     let footer = estargz::parse_footer(&tail, size)?;
-    let member = reg.blob_range(image, &layer.digest, footer.toc_offset..size - footer.len).await.unwrap();
-    estargz::decode_toc(&member, footer.toc_offset, digest, 64 << 20)
+    let member = reg.blob_range(image, &layer.digest, footer.toc_offset..footer.toc_end).await.unwrap();
+    estargz::decode_toc(&member, footer.compression, footer.data_end, digest, 64 << 20)
 }
 
 #[tokio::test]

@@ -163,9 +163,10 @@ async fn a_chunk_that_does_not_match_its_digest_is_an_io_error_not_wrong_bytes()
     let size = layer.size;
     let tail = reg.blob_range(&image, &layer.digest, size - MAX_FOOTER_SIZE..size).await.unwrap();
     let footer = estargz::parse_footer(&tail, size).unwrap();
-    let member = reg.blob_range(&image, &layer.digest, footer.toc_offset..size - footer.len).await.unwrap();
+    let member = reg.blob_range(&image, &layer.digest, footer.toc_offset..footer.toc_end).await.unwrap();
     let mut toc: Toc =
-        estargz::decode_toc(&member, footer.toc_offset, &layer.annotations[TOC_DIGEST], 64 << 20).unwrap();
+        estargz::decode_toc(&member, footer.compression, footer.data_end, &layer.annotations[TOC_DIGEST], 64 << 20)
+            .unwrap();
     let busybox = toc.entries.iter_mut().find(|e| e.path == "bin/busybox").unwrap();
     let good: Vec<u8> = std::fs::read("/bin/busybox").unwrap();
     busybox.chunks[3].digest = estargz::sha256_digest(b"not these bytes");

@@ -6,7 +6,8 @@
 #   2. /etc/motd ("strata layer two"), and /bin/vi deleted (a whiteout).
 # and its eStargz conversions by stargz-snapshotter's own ctr-remote (run in a containerd of
 # its own under WORKDIR): :esgz (default 4 MiB chunks), :esgz-64k (64 KiB chunks, so that files
-# span many chunks) and :esgz-prefetch (with a prefetch landmark); and :esgz and :bad-toc of
+# span many chunks), :zstdchunked (zstd:chunked) and :esgz-prefetch (with a prefetch landmark);
+# and :esgz and :bad-toc of
 # strata/specials:1 (below); and strata/python:1, a Debian bookworm minbase with python3 made by
 # debootstrap from the machine's Debian mirror, with its eStargz :esgz and :esgz-opt, the latter
 # made by `ctr-remote image optimize`, which runs `python3 -c 'print(1)'` in the image and puts
@@ -98,6 +99,7 @@ SRC=$REGISTRY/strata/busybox:1
 remote image pull --plain-http "$SRC" >/dev/null
 remote image convert --oci --estargz "$SRC" "$REGISTRY/strata/busybox:esgz" >/dev/null
 remote image convert --oci --estargz --estargz-chunk-size 65536 "$SRC" "$REGISTRY/strata/busybox:esgz-64k" >/dev/null
+remote image convert --oci --zstdchunked "$SRC" "$REGISTRY/strata/busybox:zstdchunked" >/dev/null
 # :esgz-prefetch: /bin/busybox recorded as read at start-up, so it goes before .prefetch.landmark
 # (what `ctr-remote image optimize` records by running the image, given here by hand).
 MANIFEST=$(remote image ls 2>/dev/null | awk -v ref="$SRC" '$1 == ref {print $3}')
@@ -110,9 +112,9 @@ remote image convert --oci --estargz "$REGISTRY/strata/specials:1" "$REGISTRY/st
 remote image optimize --oci --period 3 --entrypoint '["/usr/bin/python3"]' --args '["-c","print(1)"]' \
   "$REGISTRY/strata/python:1" "$REGISTRY/strata/python:esgz-opt" >"$WORK/optimize.log" 2>&1 ||
   { echo "images: ctr-remote image optimize failed; its log:" >&2; tail -20 "$WORK/optimize.log" >&2; exit 1; }
-for ref in busybox:esgz busybox:esgz-64k busybox:esgz-prefetch specials:esgz python:esgz python:esgz-opt; do
+for ref in busybox:esgz busybox:esgz-64k busybox:zstdchunked busybox:esgz-prefetch specials:esgz python:esgz python:esgz-opt; do
   remote image push --plain-http "$REGISTRY/strata/$ref" >/dev/null
-  echo "images: pushed $REGISTRY/strata/$ref (eStargz by ctr-remote)" >&2
+  echo "images: pushed $REGISTRY/strata/$ref (eStargz or zstd:chunked by ctr-remote)" >&2
 done
 
 # specials:bad-toc: specials:esgz whose third layer annotates a TOC digest its TOC does not have

@@ -1,15 +1,17 @@
-//! Writes one layer as gzip eStargz, byte for byte in the layout stargz-snapshotter reads:
-//! each entry's headers go into the current gzip member, each regular file's payload starts a
-//! new member, and so does each chunk of a large file; tar padding stays with the payload's
-//! last member. Then the TOC member (a tar of `stargz.index.json` and the end-of-archive
-//! blocks) and the 51-byte footer. Chunks are cut at a fixed size, one after another, so the
-//! same input always gives the same blob whatever the machine.
+//! Writes one layer as eStargz (gzip) or zstd:chunked, in the layout stargz-snapshotter reads:
+//! each entry's headers go into the current member (gzip member or zstd frame), each regular
+//! file's payload starts a new member, and so does each chunk of a large file; tar padding
+//! stays with the payload's last member. Then, for gzip, the TOC member (a tar of
+//! `stargz.index.json` and the end-of-archive blocks) and the 51-byte footer; for zstd, the
+//! TOC JSON compressed inside a skippable frame and the footer in another. Chunks are cut at a
+//! fixed size, one after another, so the same input always gives the same blob whatever the
+//! machine.
 
-use super::members::Members;
+use super::members::{Codec, Members};
 use super::plan::Item;
 use super::tar_index::{Kind, TarEntry};
 use super::toc_out::TocBuilder;
-use crate::estargz::footer::footer_bytes;
+use crate::estargz::footer::{footer_bytes, skippable_frame, zstd_footer_bytes};
 use crate::estargz::sha256_digest;
 use crate::estargz::toc::TOC_NAME;
 use sha2::{Digest, Sha256};
@@ -19,16 +21,42 @@ pub const DEFAULT_CHUNK_SIZE: u64 = 4 << 20;
 /// What a landmark file holds.
 const LANDMARK_BYTE: u8 = 0x0f;
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// gzip members: eStargz.
+    Estargz,
+    /// zstd frames, TOC and footer in skippable frames: stargz-snapshotter's zstd:chunked.
+    ZstdChunked,
+}
+
+impl Format {
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Estargz => "eStargz",
+            Format::ZstdChunked => "zstd:chunked",
+        }
+    }
+
+    /// The compression level stargz-snapshotter's converter uses by default.
+    pub fn default_level(self) -> u32 {
+        match self {
+            Format::Estargz => 9,
+            Format::ZstdChunked => 3,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct Options {
+    pub format: Format,
     pub chunk_size: u64,
-    /// gzip level, 0 to 9.
+    /// gzip level 0 to 9, or zstd level 1 to 22.
     pub level: u32,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { chunk_size: DEFAULT_CHUNK_SIZE, level: 9 }
+        Options { format: Format::Estargz, chunk_size: DEFAULT_CHUNK_SIZE, level: 9 }
     }
 }
 
@@ -40,7 +68,13 @@ pub struct Written {
     pub diff_id: String,
     pub uncompressed_size: u64,
     pub toc_digest: String,
+    /// Where the TOC's compressed bytes start, and how many there are.
     pub toc_offset: u64,
+    pub toc_size: u64,
+    /// The TOC JSON's own length.
+    pub toc_raw_size: u64,
+    /// `sha256:` of the compressed TOC (zstd:chunked's `manifest-checksum`).
+    pub toc_compressed_digest: String,
 }
 
 /// A ustar header of a regular file with only a name and a size, as the reference writer
@@ -75,7 +109,11 @@ pub fn write<R: Read + Seek, W: Write>(
     opts: Options,
     progress: &dyn Fn(u64),
 ) -> io::Result<(Written, W)> {
-    let mut m = Members::new(out, opts.level);
+    let codec = match opts.format {
+        Format::Estargz => Codec::Gzip,
+        Format::ZstdChunked => Codec::Zstd,
+    };
+    let mut m = Members::new(out, codec, opts.level);
     let mut toc = TocBuilder::default();
     let mut buf = vec![0u8; opts.chunk_size.min(16 << 20) as usize];
     for item in order {
@@ -127,9 +165,10 @@ pub fn write<R: Read + Seek, W: Write>(
                 }
                 // The padding stays in the last chunk's member; the next header follows it.
                 copy_range(tar, e.data + e.size, e.end - e.data - e.size, &mut m)?;
-                let last = chunks.len() - 1;
                 for (n, (offset, chunk_offset, len, digest)) in chunks.into_iter().enumerate() {
-                    let chunk_size = if n == last { 0 } else { len as i64 };
+                    // As the reference writer sets it: the chunk's size while a whole chunk
+                    // remains, 0 ("to the end") on a shorter last one.
+                    let chunk_size = if len == opts.chunk_size { len as i64 } else { 0 };
                     if n == 0 {
                         first.offset = offset as i64;
                         first.digest = format!("sha256:{}", hex::encode(whole.clone().finalize()));
@@ -153,17 +192,43 @@ pub fn write<R: Read + Seek, W: Write>(
         }
     }
     m.cut()?;
-    let toc_offset = m.offset();
     let json = toc.json();
-    m.write_all(&plain_header(TOC_NAME, json.len() as u64, 0))?;
-    m.write_all(&json)?;
-    let padding = (512 - json.len() % 512) % 512;
-    m.write_all(&vec![0u8; padding + 1024])?;
-    m.write_outside(&footer_bytes(toc_offset))?;
+    let (toc_offset, toc_size, toc_compressed_digest) = match opts.format {
+        Format::Estargz => {
+            let toc_offset = m.offset();
+            m.write_all(&plain_header(TOC_NAME, json.len() as u64, 0))?;
+            m.write_all(&json)?;
+            let padding = (512 - json.len() % 512) % 512;
+            m.write_all(&vec![0u8; padding + 1024])?;
+            m.cut()?;
+            let toc_size = m.offset() - toc_offset;
+            m.write_outside(&footer_bytes(toc_offset))?;
+            (toc_offset, toc_size, String::new())
+        }
+        // The uncompressed stream ends with the last entry: no TOC entry, no end-of-archive
+        // blocks, as stargz-snapshotter's zstd:chunked writer leaves it.
+        Format::ZstdChunked => {
+            let compressed = zstd::encode_all(&json[..], opts.level as i32)?;
+            let toc_offset = m.offset() + 8;
+            m.write_outside(&skippable_frame(&compressed))?;
+            m.write_outside(&zstd_footer_bytes(toc_offset, compressed.len() as u64, json.len() as u64))?;
+            (toc_offset, compressed.len() as u64, sha256_digest(&compressed))
+        }
+    };
     let uncompressed_size = m.raw.count;
     let diff_id = std::mem::replace(&mut m.raw, super::members::Hashed::new(io::sink())).finish().0;
     let (size, digest, out) = m.finish()?;
-    let written = Written { size, digest, diff_id, uncompressed_size, toc_digest: sha256_digest(&json), toc_offset };
+    let written = Written {
+        size,
+        digest,
+        diff_id,
+        uncompressed_size,
+        toc_digest: sha256_digest(&json),
+        toc_offset,
+        toc_size,
+        toc_raw_size: json.len() as u64,
+        toc_compressed_digest,
+    };
     Ok((written, out))
 }
 
@@ -172,7 +237,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::convert::plan::{Pattern, plan};
     use crate::convert::tar_index::index;
-    use crate::estargz::{EntryKind, decode_chunk, decode_toc, parse_footer};
+    use crate::estargz::{Compression, EntryKind, decode_chunk, decode_toc, parse_footer};
     use std::io::Cursor;
 
     /// A layer with what real ones hold: directories, files smaller and larger than a chunk,
@@ -209,10 +274,14 @@ pub(crate) mod tests {
     }
 
     fn convert(tar: &[u8], prefetch: &[Pattern], chunk: u64) -> (Written, Vec<u8>) {
+        convert_as(Format::Estargz, tar, prefetch, chunk)
+    }
+
+    fn convert_as(format: Format, tar: &[u8], prefetch: &[Pattern], chunk: u64) -> (Written, Vec<u8>) {
         let entries = index(Cursor::new(tar)).unwrap();
         let (order, _) = plan(&entries, prefetch);
-        write(&mut Cursor::new(tar), &entries, &order, Vec::new(), Options { chunk_size: chunk, level: 6 }, &|_| {})
-            .unwrap()
+        let opts = Options { format, chunk_size: chunk, level: 6 };
+        write(&mut Cursor::new(tar), &entries, &order, Vec::new(), opts, &|_| {}).unwrap()
     }
 
     #[test]
@@ -223,7 +292,8 @@ pub(crate) mod tests {
         assert_eq!(w.digest, sha256_digest(&blob));
         let footer = parse_footer(&blob[blob.len() - 51..], blob.len() as u64).unwrap();
         assert_eq!(footer.toc_offset, w.toc_offset);
-        let toc = decode_toc(&blob[w.toc_offset as usize..], w.toc_offset, &w.toc_digest, 1 << 20).unwrap();
+        let toc = decode_toc(&blob[w.toc_offset as usize..], Compression::Gzip, w.toc_offset, &w.toc_digest, 1 << 20)
+            .unwrap();
         let by_name = |n: &str| toc.entries.iter().find(|e| e.path == n).unwrap_or_else(|| panic!("{n}"));
         let source = |n: &str| {
             let mut a = tar::Archive::new(&tar[..]);
@@ -277,7 +347,8 @@ pub(crate) mod tests {
         let (b, blob_b) = convert(&tar, &list, 4096);
         assert_eq!((a, &blob_a), (b, &blob_b));
         let w = convert(&tar, &list, 4096).0;
-        let toc = decode_toc(&blob_a[w.toc_offset as usize..], w.toc_offset, &w.toc_digest, 1 << 20).unwrap();
+        let toc = decode_toc(&blob_a[w.toc_offset as usize..], Compression::Gzip, w.toc_offset, &w.toc_digest, 1 << 20)
+            .unwrap();
         let crate::estargz::Landmark::Prefetch { offset } = toc.landmark else { panic!("{:?}", toc.landmark) };
         // Everything the listed files need lies before the landmark: etc, tagged, motd, hard.
         let before: Vec<&str> = toc
@@ -288,5 +359,34 @@ pub(crate) mod tests {
             .map(|e| e.path.as_str())
             .collect();
         assert_eq!(before, ["etc/tagged", "etc/motd"]);
+    }
+
+    #[test]
+    fn zstd_chunked_blobs_are_read_by_their_footer_and_decompress_to_the_entries() {
+        let tar = sample_tar();
+        let (w, blob) = convert_as(Format::ZstdChunked, &tar, &[], 4096);
+        let footer = parse_footer(&blob[blob.len() - 51..], blob.len() as u64).unwrap();
+        assert_eq!((footer.compression, footer.toc_offset), (Compression::Zstd, w.toc_offset));
+        assert_eq!(footer.toc_end - footer.toc_offset, w.toc_size);
+        assert_eq!(w.toc_compressed_digest, sha256_digest(&blob[footer.toc_offset as usize..footer.toc_end as usize]));
+        let member = &blob[footer.toc_offset as usize..footer.toc_end as usize];
+        let toc = decode_toc(member, footer.compression, footer.data_end, &w.toc_digest, 1 << 20).unwrap();
+        let big = toc.entries.iter().find(|e| e.path == "usr/lib/big.bin").unwrap();
+        let mut bytes = Vec::new();
+        for c in &big.chunks {
+            bytes.extend(decode_chunk(&big.path, c, &blob[c.offset as usize..c.compressed_end as usize]).unwrap());
+        }
+        let want: Vec<u8> = (0..10_000u32).flat_map(|i| i.to_le_bytes()).collect();
+        assert_eq!(bytes, want);
+        // A plain zstd reader sees the entries and nothing else: skippable frames are passed.
+        let raw = zstd::decode_all(&blob[..]).unwrap();
+        assert_eq!((w.diff_id.clone(), w.uncompressed_size), (sha256_digest(&raw), raw.len() as u64));
+        let names: Vec<String> = tar::Archive::new(&raw[..])
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert!(!names.iter().any(|n| n == "stargz.index.json"), "{names:?}");
+        assert!(names.iter().any(|n| n == "usr/lib/big.bin"));
     }
 }

@@ -5,7 +5,7 @@
 //! failure part-way leaves nothing a client could pull.
 
 use super::ConvertError;
-use super::estargz_out::Options;
+use super::estargz_out::{Format, Options};
 use super::layer::{self, Converted};
 use super::layout::Layout;
 use super::plan::Pattern;
@@ -20,6 +20,9 @@ pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
 pub const OCI_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+pub const OCI_LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
+pub const ZSTD_CHECKSUM: &str = "io.containers.zstd-chunked.manifest-checksum";
+pub const ZSTD_POSITION: &str = "io.containers.zstd-chunked.manifest-position";
 const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
 const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
 const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
@@ -122,6 +125,13 @@ fn parse_json(what: &str, bytes: &[u8]) -> Result<Value, ConvertError> {
 }
 
 impl Ctx<'_> {
+    fn out_layer_type(&self) -> &'static str {
+        match self.job.options.format {
+            Format::Estargz => OCI_LAYER_GZIP,
+            Format::ZstdChunked => OCI_LAYER_ZSTD,
+        }
+    }
+
     fn bad(&self, reason: String) -> ConvertError {
         ConvertError::Image { reference: self.job.src.name(), reason }
     }
@@ -261,14 +271,20 @@ impl Ctx<'_> {
         annotations.retain(|k, _| !k.starts_with("containerd.io/snapshot/stargz/") && !k.starts_with("io.containers."));
         annotations.insert(TOC_DIGEST.into(), w.toc_digest.clone().into());
         annotations.insert(UNCOMPRESSED_SIZE.into(), w.uncompressed_size.to_string().into());
-        let out = json!({"mediaType": OCI_LAYER_GZIP, "digest": w.digest, "size": w.size, "annotations": annotations});
+        if self.job.options.format == Format::ZstdChunked {
+            annotations.insert(ZSTD_CHECKSUM.into(), w.toc_compressed_digest.clone().into());
+            let position = format!("{}:{}:{}:1", w.toc_offset, w.toc_size, w.toc_raw_size);
+            annotations.insert(ZSTD_POSITION.into(), position.into());
+        }
+        let media_type = self.out_layer_type();
+        let out = json!({"mediaType": media_type, "digest": w.digest, "size": w.size, "annotations": annotations});
         let result = (out, w.diff_id.clone());
         self.done.lock().unwrap_or_else(|p| p.into_inner()).insert(digest, result.clone());
         Ok(result)
     }
 
     /// Converts one platform's manifest; returns the new manifest's bytes, or `None` when it
-    /// was already eStargz and is kept as it is.
+    /// was already in the format asked for and is kept as it is.
     async fn manifest_of(&self, bytes: &[u8]) -> Result<Option<Vec<u8>>, ConvertError> {
         let mut m = parse_json(&self.job.src.name(), bytes)?;
         if !matches!(m["mediaType"].as_str(), None | Some(OCI_MANIFEST) | Some(DOCKER_MANIFEST))
@@ -280,10 +296,20 @@ impl Ctx<'_> {
             )));
         }
         let layers = m["layers"].as_array().cloned().unwrap_or_default();
-        let converted = !layers.is_empty() && layers.iter().all(|l| l["annotations"][TOC_DIGEST].is_string());
+        // Already in the format asked for: every layer has a TOC digest and the media type.
+        let converted = !layers.is_empty()
+            && layers.iter().all(|l| {
+                l["annotations"][TOC_DIGEST].is_string()
+                    && l["mediaType"].as_str().is_some_and(|t| t == self.out_layer_type())
+            });
         if converted {
             match self.job.if_converted {
-                IfConverted::Error => return Err(ConvertError::AlreadyConverted { reference: self.job.src.name() }),
+                IfConverted::Error => {
+                    return Err(ConvertError::AlreadyConverted {
+                        reference: self.job.src.name(),
+                        format: self.job.options.format.name(),
+                    });
+                }
                 IfConverted::Skip => return Ok(None),
                 IfConverted::Reconvert => {}
             }
@@ -368,7 +394,7 @@ pub async fn run(job: &Job, registry: &Registry, progress: &dyn Progress) -> Res
                 })
             }
             None => {
-                progress.note(&format!("{} is already eStargz: copied as it is", job.src.name()));
+                progress.note(&format!("{} is already {}: copied as it is", job.src.name(), job.options.format.name()));
                 ctx.copy_manifest(&top).await?;
                 let media_type = v["mediaType"].as_str().unwrap_or(OCI_MANIFEST).to_owned();
                 ctx.put_top(&top, &media_type, None).await?;

@@ -1,6 +1,7 @@
-//! The output side of a gzip eStargz blob: a run of gzip members over one file. It tracks the
-//! compressed offset where each member starts (the TOC's `offset`), and hashes both streams as
-//! they pass: the compressed one is the blob's digest, the uncompressed one its DiffID.
+//! The output side of a seekable blob: a run of gzip members (eStargz) or zstd frames
+//! (zstd:chunked) over one file. It tracks the compressed offset where each member starts (the
+//! TOC's `offset`), and hashes both streams as they pass: the compressed one is the blob's
+//! digest, the uncompressed one its DiffID.
 
 use flate2::Compression;
 use flate2::write::GzEncoder;
@@ -38,24 +39,55 @@ impl<W: Write> Write for Hashed<W> {
     }
 }
 
-/// Gzip members written one after another. A member opens on the first write after `cut`, so
-/// no empty member is ever written.
+/// How members are compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    Gzip,
+    Zstd,
+}
+
+enum Encoder<W: Write> {
+    Gz(GzEncoder<Hashed<W>>),
+    Zstd(zstd::stream::write::Encoder<'static, Hashed<W>>),
+}
+
+impl<W: Write> Encoder<W> {
+    fn inner(&self) -> &Hashed<W> {
+        match self {
+            Encoder::Gz(e) => e.get_ref(),
+            Encoder::Zstd(e) => e.get_ref(),
+        }
+    }
+
+    fn finish(self) -> io::Result<Hashed<W>> {
+        match self {
+            Encoder::Gz(e) => e.finish(),
+            Encoder::Zstd(e) => e.finish(),
+        }
+    }
+
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Encoder::Gz(e) => e.write(buf),
+            Encoder::Zstd(e) => e.write(buf),
+        }
+    }
+}
+
+/// Members written one after another. A member opens on the first write after `cut`, so no
+/// empty member is ever written.
 pub struct Members<W: Write> {
-    open: Option<GzEncoder<Hashed<W>>>,
+    open: Option<Encoder<W>>,
     closed: Option<Hashed<W>>,
-    level: Compression,
+    codec: Codec,
+    level: u32,
     /// The uncompressed stream: its size and hash (the DiffID).
     pub raw: Hashed<io::Sink>,
 }
 
 impl<W: Write> Members<W> {
-    pub fn new(out: W, level: u32) -> Self {
-        Members {
-            open: None,
-            closed: Some(Hashed::new(out)),
-            level: Compression::new(level),
-            raw: Hashed::new(io::sink()),
-        }
+    pub fn new(out: W, codec: Codec, level: u32) -> Self {
+        Members { open: None, closed: Some(Hashed::new(out)), codec, level, raw: Hashed::new(io::sink()) }
     }
 
     /// Ends the current member, if one is open. The next write starts a new one at `offset()`.
@@ -70,7 +102,7 @@ impl<W: Write> Members<W> {
     pub fn offset(&self) -> u64 {
         match (&self.closed, &self.open) {
             (Some(c), _) => c.count,
-            (None, Some(e)) => e.get_ref().count,
+            (None, Some(e)) => e.inner().count,
             (None, None) => unreachable!("a Members is always open or closed"),
         }
     }
@@ -96,7 +128,10 @@ impl<W: Write> Write for Members<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         if self.open.is_none() {
             let out = self.closed.take().expect("closed when not open");
-            self.open = Some(GzEncoder::new(out, self.level));
+            self.open = Some(match self.codec {
+                Codec::Gzip => Encoder::Gz(GzEncoder::new(out, Compression::new(self.level))),
+                Codec::Zstd => Encoder::Zstd(zstd::stream::write::Encoder::new(out, self.level as i32)?),
+            });
         }
         let n = self.open.as_mut().expect("just opened").write(buf)?;
         self.raw.write_all(&buf[..n])?;
@@ -115,7 +150,7 @@ mod tests {
 
     #[test]
     fn members_start_where_offset_says_and_decompress_as_one_stream() {
-        let mut m = Members::new(Vec::new(), 6);
+        let mut m = Members::new(Vec::new(), Codec::Gzip, 6);
         m.write_all(b"header ").unwrap();
         m.cut().unwrap();
         let second = m.offset();
@@ -134,5 +169,17 @@ mod tests {
         let mut tail = Vec::new();
         flate2::read::GzDecoder::new(&blob[second as usize..]).read_to_end(&mut tail).unwrap();
         assert_eq!(tail, b"payload");
+    }
+
+    #[test]
+    fn zstd_frames_decompress_as_one_stream_and_each_on_its_own() {
+        let mut m = Members::new(Vec::new(), Codec::Zstd, 3);
+        m.write_all(b"header ").unwrap();
+        m.cut().unwrap();
+        let second = m.offset();
+        m.write_all(b"payload").unwrap();
+        let (_, _, blob) = m.finish().unwrap();
+        assert_eq!(zstd::decode_all(&blob[..]).unwrap(), b"header payload");
+        assert_eq!(zstd::decode_all(&blob[second as usize..]).unwrap(), b"payload");
     }
 }

@@ -11,7 +11,7 @@ pub mod plan;
 pub mod tar_index;
 mod toc_out;
 
-pub use estargz_out::{DEFAULT_CHUNK_SIZE, Options};
+pub use estargz_out::{DEFAULT_CHUNK_SIZE, Format, Options};
 pub use image::{IfConverted, Job, Place, Progress, Report};
 pub use plan::Pattern;
 
@@ -30,9 +30,9 @@ pub enum ConvertError {
     #[error("{reference}: {reason}")]
     Image { reference: String, reason: String },
     #[error(
-        "{reference} is already eStargz (every layer has a TOC digest); --if-converted reconvert converts it again, skip copies it as it is"
+        "{reference} is already {format} (every layer has a TOC digest); --if-converted reconvert converts it again, skip copies it as it is"
     )]
-    AlreadyConverted { reference: String },
+    AlreadyConverted { reference: String, format: &'static str },
     #[error(transparent)]
     Registry(#[from] RegistryError),
     #[error("{0}")]

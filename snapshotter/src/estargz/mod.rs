@@ -1,4 +1,4 @@
-//! eStargz (gzip) layers as stargz-snapshotter writes them: the footer that locates the TOC,
+//! eStargz layers as stargz-snapshotter writes them, gzip or zstd:chunked: the footer that locates the TOC,
 //! the TOC that describes every file and chunk, and the decoding of one chunk with its digest
 //! checked. Nothing here does I/O: callers fetch byte ranges and hand them in.
 
@@ -10,7 +10,7 @@ pub mod time;
 pub mod toc;
 
 pub use chunk::decode_chunk;
-pub use footer::{Footer, MAX_FOOTER_SIZE, parse_footer};
+pub use footer::{Compression, Footer, MAX_FOOTER_SIZE, parse_footer};
 pub use toc::{Chunk, Entry, EntryKind, Landmark, Toc, decode_toc};
 
 /// What is wrong with a layer's bytes. Each names the part and, where there is one, the entry.

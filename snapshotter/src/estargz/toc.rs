@@ -3,6 +3,7 @@
 //! tree. Names that climb out of the layer, files used as directories, and chunk lists that do
 //! not add up are refused, so nothing downstream has to trust the registry's bytes.
 
+use super::footer::Compression;
 use super::time::parse_rfc3339;
 use super::{FormatError, is_sha256_digest, sha256_digest};
 use base64::Engine;
@@ -124,21 +125,41 @@ struct RawEntry {
     chunk_digest: String,
 }
 
-/// Decompresses the TOC member (`compressed`, the blob from the TOC offset to the footer),
-/// checks its JSON against `expected_digest`, and parses it. At most `limit` bytes are ever
-/// decompressed, whatever the member claims.
-pub fn decode_toc(compressed: &[u8], toc_offset: u64, expected_digest: &str, limit: u64) -> Result<Toc, FormatError> {
+/// Decompresses the TOC (`compressed`: the gzip member of a tar holding `stargz.index.json`,
+/// or zstd:chunked's zstd frame of the bare JSON), checks its JSON against `expected_digest`,
+/// and parses it. Data members end at `data_end`. At most `limit` bytes are ever decompressed,
+/// whatever the TOC claims.
+pub fn decode_toc(
+    compressed: &[u8],
+    compression: Compression,
+    data_end: u64,
+    expected_digest: &str,
+    limit: u64,
+) -> Result<Toc, FormatError> {
     let mut tar = Vec::new();
-    flate2::read::GzDecoder::new(compressed)
-        .take(limit.saturating_add(1024))
-        .read_to_end(&mut tar)
-        .map_err(|e| FormatError::TocMember(format!("gzip: {e}")))?;
-    let json = toc_json(&tar, limit)?;
+    let json = match compression {
+        Compression::Gzip => {
+            flate2::read::GzDecoder::new(compressed)
+                .take(limit.saturating_add(1024))
+                .read_to_end(&mut tar)
+                .map_err(|e| FormatError::TocMember(format!("gzip: {e}")))?;
+            toc_json(&tar, limit)?
+        }
+        Compression::Zstd => {
+            zstd::stream::read::Decoder::new(compressed)
+                .and_then(|d| d.take(limit.saturating_add(1)).read_to_end(&mut tar))
+                .map_err(|e| FormatError::TocMember(format!("zstd: {e}")))?;
+            if tar.len() as u64 > limit {
+                return Err(FormatError::TocTooLarge { limit });
+            }
+            &tar[..]
+        }
+    };
     let actual = sha256_digest(json);
     if actual != expected_digest {
         return Err(FormatError::TocDigest { expected: expected_digest.to_owned(), actual });
     }
-    parse_toc(json, toc_offset)
+    parse_toc(json, data_end)
 }
 
 /// The JSON of the single `stargz.index.json` entry of the TOC member's tar.
@@ -520,7 +541,7 @@ mod tests {
         let size = b.blob.len() as u64;
         let footer = parse_footer(&b.blob[b.blob.len() - 51..], size).unwrap();
         let member = &b.blob[footer.toc_offset as usize..(size - footer.len) as usize];
-        decode_toc(member, footer.toc_offset, &b.toc_digest, limit)
+        decode_toc(member, Compression::Gzip, footer.toc_offset, &b.toc_digest, limit)
     }
 
     fn entry<'a>(toc: &'a Toc, path: &str) -> &'a Entry {
@@ -712,7 +733,7 @@ mod robustness {
         /// Random bytes as a TOC member give an error, never a panic or a huge allocation.
         #[test]
         fn any_toc_member_is_refused_cleanly(member in proptest::collection::vec(any::<u8>(), 0..2048)) {
-            let _ = decode_toc(&member, 0, "sha256:00", 1 << 20);
+            let _ = decode_toc(&member, Compression::Gzip, 0, "sha256:00", 1 << 20);
         }
     }
 }
