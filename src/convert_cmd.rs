@@ -65,6 +65,8 @@ pub struct ConvertArgs {
     /// Scratch directory for layers being converted (default: the system's temporary directory).
     #[arg(long)]
     work_dir: Option<PathBuf>,
+    #[command(flatten)]
+    record: crate::convert_record::RecordArgs,
 }
 
 /// One bar per layer while it converts; a line per finished layer when stderr is not a terminal.
@@ -155,11 +157,18 @@ pub async fn run(args: ConvertArgs) -> anyhow::Result<()> {
         .prefix("strata-convert-")
         .tempdir_in(&work_parent)
         .map_err(|e| anyhow::anyhow!("a scratch directory under {}: {e}", work_parent.display()))?;
-    let job = Job {
+    if args.record.record && args.prefetch_list.is_some() {
+        anyhow::bail!("--record and --prefetch-list both give the prefetch list: choose one");
+    }
+    if !args.record.record && !args.record.cmd.is_empty() {
+        anyhow::bail!("a command after `--` is only run with --record");
+    }
+    let mut job = Job {
         src: Place::parse(&args.src)?,
         dst: Place::parse(&args.dst)?,
         options: Options { format, chunk_size: args.chunk_size.0, level },
         prefetch,
+        prefetch_by_layer: HashMap::new(),
         jobs: args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)),
         if_converted: match args.if_converted {
             OnConverted::Skip => IfConverted::Skip,
@@ -171,6 +180,10 @@ pub async fn run(args: ConvertArgs) -> anyhow::Result<()> {
     let registry =
         Registry::new(Hosts::new(Some(&args.hosts_dir)), Credentials::load(&docker_config(args.docker_config))?);
     let bars = Bars { multi: MultiProgress::new(), bars: Mutex::new(HashMap::new()) };
+    if args.record.record {
+        job.prefetch_by_layer =
+            crate::convert_record::record(&args.record, &job, &args.hosts_dir, &registry, &bars).await?;
+    }
     let report = convert::image::run(&job, &registry, &bars).await?;
     let what = if report.skipped { "copied (already in that format)" } else { "converted" };
     println!("{} {what}: {} ({} layers converted)", args.dst, report.digest, report.layers_converted);

@@ -1,6 +1,7 @@
 //! The `strata` binary: command-line parsing and wiring. The work lives in the crates.
 
 mod convert_cmd;
+mod convert_record;
 mod image_cmd;
 mod mount_cmd;
 mod snapshotter_cmd;

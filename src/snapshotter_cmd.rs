@@ -75,19 +75,48 @@ impl Running {
     /// The admin routes the snapshotter adds: its layer reports (`strata image layers`).
     pub fn routes(&self) -> axum::Router {
         let lazy = self.lazy.clone();
-        axum::Router::new().route(
-            strata_snapshotter::report::LAYERS_PATH,
-            axum::routing::get(move || {
-                let lazy = lazy.clone();
-                async move {
-                    let reports = match &lazy {
-                        Some(l) => l.report().await,
-                        None => Vec::new(),
-                    };
-                    axum::Json(reports)
-                }
-            }),
-        )
+        let recorded = self.lazy.clone();
+        let reset = self.lazy.clone();
+        axum::Router::new()
+            .route(
+                strata_snapshotter::record::ACCESSED_RESET_PATH,
+                axum::routing::post(move |axum::Json(layers): axum::Json<Vec<String>>| {
+                    let lazy = reset.clone();
+                    async move {
+                        let n = match &lazy {
+                            Some(l) => l.reset_accessed(&layers).await,
+                            None => 0,
+                        };
+                        axum::Json(n)
+                    }
+                }),
+            )
+            .route(
+                strata_snapshotter::record::ACCESSED_PATH,
+                axum::routing::get(move || {
+                    let lazy = recorded.clone();
+                    async move {
+                        let reports = match &lazy {
+                            Some(l) => l.accessed().await,
+                            None => Vec::new(),
+                        };
+                        axum::Json(reports)
+                    }
+                }),
+            )
+            .route(
+                strata_snapshotter::report::LAYERS_PATH,
+                axum::routing::get(move || {
+                    let lazy = lazy.clone();
+                    async move {
+                        let reports = match &lazy {
+                            Some(l) => l.report().await,
+                            None => Vec::new(),
+                        };
+                        axum::Json(reports)
+                    }
+                }),
+            )
     }
 
     /// Waits for the server to stop, then unmounts the lazy layers.

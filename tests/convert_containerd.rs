@@ -391,3 +391,54 @@ fn zstd_chunked_images_from_strata_and_from_ctr_remote_pull_lazily() {
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), toc_digest, "layer {digest}");
     }
 }
+
+#[test]
+#[ignore = "needs root, containerd, ctr-remote and the test registry: run by .ci/run"]
+fn a_recorded_start_lists_the_interpreter_and_the_json_module_and_nothing_unrelated() {
+    let node = Node::start();
+    let work = tempfile::tempdir().unwrap();
+    let recorded = work.path().join("recorded.txt");
+    let src = format!("{}/strata/python:1", registry());
+    let dst = format!("{}/strata/python:strata-record", registry());
+    let (address, socket) = (node.containerd.address.display().to_string(), node.daemon.socket.display().to_string());
+    convert_ok(&[
+        "--compression-level",
+        "1",
+        "--record",
+        "--record-out",
+        recorded.to_str().unwrap(),
+        "--record-period",
+        "60s",
+        "--containerd-address",
+        &address,
+        "--containerd-namespace",
+        common::containerd::NAMESPACE,
+        "--socket",
+        &socket,
+        &src,
+        &dst,
+        "--",
+        "python3",
+        "-c",
+        "import json",
+    ]);
+    let text = std::fs::read_to_string(&recorded).unwrap();
+    let paths: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    assert!(paths.contains(&"/usr/bin/python3.11"), "the interpreter: {paths:?}");
+    assert!(paths.iter().any(|p| p.starts_with("/usr/lib/python3.11/json/")), "the json module: {paths:?}");
+    for unrelated in ["/usr/lib/python3.11/http/", "/usr/share/doc/", "/usr/bin/perl", "/usr/lib/python3.11/email/"] {
+        assert!(!paths.iter().any(|p| p.starts_with(unrelated)), "{unrelated} was not opened: {paths:?}");
+    }
+    assert!(paths.len() < 400, "{} files", paths.len());
+
+    // In the result, the recorded files come before the landmark, in the recorded order.
+    let (m, _) = manifest("python:strata-record");
+    let layer = m["layers"][0]["digest"].as_str().unwrap();
+    let names = tar_names(&blob(layer, "python"), work.path());
+    let at = names.iter().position(|n| n == ".prefetch.landmark").expect("a prefetch landmark");
+    let files_first: Vec<String> = paths.iter().map(|p| p.trim_start_matches('/').to_owned()).collect();
+    let moved: Vec<&String> = names[..at].iter().filter(|n| files_first.contains(n)).collect();
+    assert_eq!(moved, files_first.iter().collect::<Vec<_>>(), "the recorded files in order before the landmark");
+    let image = node.rpull("python:strata-record");
+    assert_eq!(node.run_sh(&image, "recorded", "python3 -c 'import json; print(json.dumps([1]))'"), "[1]\n");
+}

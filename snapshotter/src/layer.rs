@@ -53,6 +53,8 @@ pub struct Blob {
     pub(crate) walk: std::sync::Mutex<crate::readaround::Walk>,
     /// Where read-around puts the chunks it brings: the cache the layer is mounted over.
     pub cache: std::sync::OnceLock<strata_tiering::TieredCache>,
+    /// Files opened through the layer's mount, for `strata convert --record`.
+    pub opened: crate::record::Opened,
 }
 
 impl Blob {
@@ -68,6 +70,7 @@ impl Blob {
             activity: Default::default(),
             walk: Default::default(),
             cache: Default::default(),
+            opened: Default::default(),
         }
     }
 
@@ -331,6 +334,8 @@ impl Namespace for LayerNamespace {
     }
 
     fn fetcher(&self, path: &str, _node: &Node) -> Arc<dyn Fetcher> {
+        // Called on every open of a regular file through the mount.
+        self.blob.opened.note(path);
         Arc::new(LayerFetcher {
             blob: self.blob.clone(),
             file: self.tree.files.get(path).cloned(),

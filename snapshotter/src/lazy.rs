@@ -403,6 +403,31 @@ impl Lazy {
         out
     }
 
+    /// What containers opened in each mounted layer, for `strata convert --record`.
+    pub async fn accessed(&self) -> Vec<crate::record::AccessReport> {
+        let mut out: Vec<_> = self
+            .mounts
+            .lock()
+            .await
+            .values()
+            .map(|l| crate::record::AccessReport {
+                image: l.blob.image.to_string(),
+                layer: l.blob.digest.clone(),
+                opened: l.blob.opened.list(),
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.image, &a.layer).cmp(&(&b.image, &b.layer)));
+        out
+    }
+
+    /// Starts the recordings of the mounted layers in `layers` afresh; returns how many there were.
+    pub async fn reset_accessed(&self, layers: &[String]) -> usize {
+        let mounts = self.mounts.lock().await;
+        let hits: Vec<_> = mounts.values().filter(|l| layers.contains(&l.blob.digest)).collect();
+        hits.iter().for_each(|l| l.blob.opened.clear());
+        hits.len()
+    }
+
     /// Ends the mount of snapshot `id`, if it has one.
     pub async fn unmount(&self, id: u64) {
         if let Some(m) = self.mounts.lock().await.remove(&id)

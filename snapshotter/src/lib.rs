@@ -16,6 +16,7 @@ pub mod model;
 pub mod overlay;
 pub mod proto;
 pub mod readaround;
+pub mod record;
 pub mod registry;
 pub mod remote;
 pub mod report;

@@ -89,6 +89,9 @@ pub struct Job {
     pub dst: Place,
     pub options: Options,
     pub prefetch: Vec<Pattern>,
+    /// Prefetch lists for particular layers, by input layer digest; they take the place of
+    /// `prefetch` for those layers (what `--record` saw each layer serve).
+    pub prefetch_by_layer: HashMap<String, Vec<Pattern>>,
     pub jobs: usize,
     pub if_converted: IfConverted,
     /// Scratch space: each layer's uncompressed tar and output pass through it.
@@ -101,6 +104,8 @@ pub struct Report {
     pub media_type: String,
     pub layers_converted: usize,
     pub skipped: bool,
+    /// Each converted layer: its input digest and its output digest.
+    pub layers: Vec<(String, String)>,
 }
 
 struct Ctx<'a> {
@@ -125,6 +130,14 @@ fn parse_json(what: &str, bytes: &[u8]) -> Result<Value, ConvertError> {
 }
 
 impl Ctx<'_> {
+    fn converted(&self) -> Vec<(String, String)> {
+        let done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<_> =
+            done.iter().map(|(i, (d, _))| (i.clone(), d["digest"].as_str().unwrap_or_default().to_owned())).collect();
+        v.sort();
+        v
+    }
+
     fn out_layer_type(&self) -> &'static str {
         match self.job.options.format {
             Format::Estargz => OCI_LAYER_GZIP,
@@ -243,7 +256,8 @@ impl Ctx<'_> {
         self.progress.layer_started(&digest, desc["size"].as_u64().unwrap_or(0));
         let input = self.job.work.join(format!("in-{}", digest.replace(':', "-")));
         self.blob_to(&digest, &input).await?;
-        let (work, prefetch, options) = (self.job.work.clone(), self.job.prefetch.clone(), self.job.options);
+        let prefetch = self.job.prefetch_by_layer.get(&digest).unwrap_or(&self.job.prefetch).clone();
+        let (work, options) = (self.job.work.clone(), self.job.options);
         let (d, inp) = (digest.clone(), input.clone());
         let progress: &dyn Progress = self.progress;
         // The blocking conversion reports progress through a channel the async side drains.
@@ -385,12 +399,13 @@ pub async fn run(job: &Job, registry: &Registry, progress: &dyn Progress) -> Res
         return match ctx.manifest_of(&top).await? {
             Some(new) => {
                 ctx.put_top(&new, OCI_MANIFEST, None).await?;
-                let layers_converted = ctx.done.lock().unwrap_or_else(|p| p.into_inner()).len();
+                let layers = ctx.converted();
                 Ok(Report {
                     digest: digest_of(&new),
                     media_type: OCI_MANIFEST.into(),
-                    layers_converted,
+                    layers_converted: layers.len(),
                     skipped: false,
+                    layers,
                 })
             }
             None => {
@@ -398,7 +413,13 @@ pub async fn run(job: &Job, registry: &Registry, progress: &dyn Progress) -> Res
                 ctx.copy_manifest(&top).await?;
                 let media_type = v["mediaType"].as_str().unwrap_or(OCI_MANIFEST).to_owned();
                 ctx.put_top(&top, &media_type, None).await?;
-                Ok(Report { digest: digest_of(&top), media_type, layers_converted: 0, skipped: true })
+                Ok(Report {
+                    digest: digest_of(&top),
+                    media_type,
+                    layers_converted: 0,
+                    skipped: true,
+                    layers: Vec::new(),
+                })
             }
         };
     }
@@ -439,6 +460,12 @@ pub async fn run(job: &Job, registry: &Registry, progress: &dyn Progress) -> Res
     out["manifests"] = manifests.into();
     let bytes = serde_json::to_vec_pretty(&out).expect("JSON values serialise");
     ctx.put_top(&bytes, OCI_INDEX, None).await?;
-    let layers_converted = ctx.done.lock().unwrap_or_else(|p| p.into_inner()).len();
-    Ok(Report { digest: digest_of(&bytes), media_type: OCI_INDEX.into(), layers_converted, skipped })
+    let layers = ctx.converted();
+    Ok(Report {
+        digest: digest_of(&bytes),
+        media_type: OCI_INDEX.into(),
+        layers_converted: layers.len(),
+        skipped,
+        layers,
+    })
 }

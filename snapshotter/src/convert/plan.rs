@@ -17,7 +17,10 @@ pub enum Item {
 /// One line of a prefetch list: a path, or a glob where `*` and `?` stay inside one path
 /// component and `**` crosses them. A leading `/` or `./` is ignored.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pattern(String);
+pub struct Pattern {
+    text: String,
+    glob: bool,
+}
 
 impl Pattern {
     pub fn parse(line: &str) -> Option<Pattern> {
@@ -26,11 +29,16 @@ impl Pattern {
             return None;
         }
         let t = t.trim_start_matches("./").trim_start_matches('/').trim_end_matches('/');
-        Some(Pattern(t.to_owned()))
+        Some(Pattern { text: t.to_owned(), glob: true })
+    }
+
+    /// A path matched as it is, even if it holds `*` or `?`: a recorded open.
+    pub fn literal(path: &str) -> Pattern {
+        Pattern { text: path.trim_start_matches('/').to_owned(), glob: false }
     }
 
     pub fn matches(&self, name: &str) -> bool {
-        glob(self.0.as_bytes(), name.as_bytes())
+        if self.glob { glob(self.text.as_bytes(), name.as_bytes()) } else { self.text == name }
     }
 }
 
@@ -141,6 +149,7 @@ mod tests {
         assert!(p("usr/**").matches("usr/a/b"));
         assert!(p("a?c").matches("abc") && !p("a?c").matches("a/c"));
         assert_eq!(Pattern::parse("  # comment"), None);
+        assert!(Pattern::literal("/a*b").matches("a*b") && !Pattern::literal("a*b").matches("axb"));
     }
 
     #[test]
