@@ -166,7 +166,7 @@ pub async fn run(args: ConvertArgs) -> anyhow::Result<()> {
     let mut job = Job {
         src: Place::parse(&args.src)?,
         dst: Place::parse(&args.dst)?,
-        options: Options { format, chunk_size: args.chunk_size.0, level },
+        options: Options { format, chunk_size: args.chunk_size.0, level, threads: 1 },
         prefetch,
         prefetch_by_layer: HashMap::new(),
         jobs: args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)),

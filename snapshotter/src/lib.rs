@@ -6,7 +6,6 @@
 pub mod activity;
 pub mod convert;
 pub mod error;
-pub mod estargz;
 pub mod fetch;
 pub mod fill;
 pub mod filter;
@@ -29,3 +28,5 @@ mod usage;
 pub use error::SnapshotError;
 pub use model::{Info, Kind, Mount, Usage};
 pub use overlay::Snapshotter;
+/// The layer formats, from `strata-format`, under the path the snapshotter has always used.
+pub use strata_format::estargz;

@@ -241,7 +241,12 @@ impl Ctx<'_> {
     }
 
     /// Converts one layer, or reuses its conversion from another platform.
-    async fn layer(&self, desc: &Value, diff_id: Option<String>) -> Result<(Value, String), ConvertError> {
+    async fn layer(
+        &self,
+        desc: &Value,
+        diff_id: Option<String>,
+        threads: usize,
+    ) -> Result<(Value, String), ConvertError> {
         let digest = desc["digest"].as_str().unwrap_or_default().to_owned();
         if let Some(hit) = self.done.lock().unwrap_or_else(|p| p.into_inner()).get(&digest) {
             return Ok(hit.clone());
@@ -257,7 +262,7 @@ impl Ctx<'_> {
         let input = self.job.work.join(format!("in-{}", digest.replace(':', "-")));
         self.blob_to(&digest, &input).await?;
         let prefetch = self.job.prefetch_by_layer.get(&digest).unwrap_or(&self.job.prefetch).clone();
-        let (work, options) = (self.job.work.clone(), self.job.options);
+        let (work, options) = (self.job.work.clone(), Options { threads, ..self.job.options });
         let (d, inp) = (digest.clone(), input.clone());
         let progress: &dyn Progress = self.progress;
         // The blocking conversion reports progress through a channel the async side drains.
@@ -337,8 +342,11 @@ impl Ctx<'_> {
         if diff_ids.len() != layers.len() {
             return Err(self.bad(format!("the config lists {} diff_ids for {} layers", diff_ids.len(), layers.len())));
         }
+        // The CPUs are shared by the layers converted at once; a lone large layer gets them all.
+        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let threads = (cpus / self.job.jobs.max(1).min(layers.len().max(1))).max(1);
         let results: Vec<Result<(Value, String), ConvertError>> = futures::stream::iter(layers.iter().zip(diff_ids))
-            .map(|(l, d)| self.layer(l, Some(d)))
+            .map(|(l, d)| self.layer(l, Some(d), threads))
             .buffered(self.job.jobs.max(1))
             .collect()
             .await;

@@ -129,10 +129,24 @@ pub fn convert(
 mod tests {
     use super::*;
 
+    fn small_tar() -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, data) in [("etc/motd", &b"hello\n"[..]), ("usr/lib/big.bin", &[7u8; 100_000][..])] {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(1_700_000_000);
+            b.append_data(&mut h, name, data).unwrap();
+        }
+        b.into_inner().unwrap()
+    }
+
     #[test]
     fn inputs_are_told_by_their_bytes_and_bad_ones_named() {
         let work = tempfile::tempdir().unwrap();
-        let tar = crate::convert::estargz_out::tests::sample_tar();
+        let tar = small_tar();
         let diff_id = crate::estargz::sha256_digest(&tar);
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         gz.write_all(&tar).unwrap();

@@ -1,15 +1,12 @@
 //! `strata convert`: images into eStargz that both Strata and stargz-snapshotter read lazily.
-//! Layers are rewritten from their tar (`tar_index`, `plan`, `estargz_out`), images from their
-//! manifests (`image`), between registries and OCI layout directories (`layout`).
+//! Layers are rewritten from their tar by `strata_format::write`, and fed from local files by
+//! `layer`; images are converted from their manifests (`image`), between registries and OCI
+//! layout directories (`layout`).
 
-pub mod estargz_out;
 pub mod image;
 pub mod layer;
 pub mod layout;
-mod members;
-pub mod plan;
-pub mod tar_index;
-mod toc_out;
+pub use strata_format::write::{estargz_out, plan, tar_index};
 
 pub use estargz_out::{DEFAULT_CHUNK_SIZE, Format, Options};
 pub use image::{IfConverted, Job, Place, Progress, Report};

@@ -52,11 +52,13 @@ pub struct Options {
     pub chunk_size: u64,
     /// gzip level 0 to 9, or zstd level 1 to 22.
     pub level: u32,
+    /// Threads compressing members; the blob does not depend on it.
+    pub threads: usize,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { format: Format::Estargz, chunk_size: DEFAULT_CHUNK_SIZE, level: 9 }
+        Options { format: Format::Estargz, chunk_size: DEFAULT_CHUNK_SIZE, level: 9, threads: 1 }
     }
 }
 
@@ -113,7 +115,7 @@ pub fn write<R: Read + Seek, W: Write>(
         Format::Estargz => Codec::Gzip,
         Format::ZstdChunked => Codec::Zstd,
     };
-    let mut m = Members::new(out, codec, opts.level);
+    let mut m = Members::new(out, codec, opts.level, opts.threads);
     let mut toc = TocBuilder::default();
     let mut buf = vec![0u8; opts.chunk_size.min(16 << 20) as usize];
     for item in order {
@@ -121,7 +123,7 @@ pub fn write<R: Read + Seek, W: Write>(
             Item::Landmark(name) => {
                 m.write_all(&plain_header(name, 1, 0o644))?;
                 m.cut()?;
-                let offset = m.offset();
+                let offset = m.member();
                 let mut block = [0u8; 512];
                 block[0] = LANDMARK_BYTE;
                 m.write_all(&block)?;
@@ -154,7 +156,7 @@ pub fn write<R: Read + Seek, W: Write>(
                 while done < e.size {
                     let len = (e.size - done).min(opts.chunk_size);
                     m.cut()?;
-                    let offset = m.offset();
+                    let offset = m.member();
                     let piece = &mut buf[..len as usize];
                     tar.read_exact(piece)?;
                     m.write_all(piece)?;
@@ -191,17 +193,22 @@ pub fn write<R: Read + Seek, W: Write>(
             }
         }
     }
-    m.cut()?;
+    // Entries so far hold member numbers where offsets go: every member is now written, so
+    // each has its offset.
+    let starts = m.settle()?;
+    for e in toc.entries.iter_mut().filter(|e| !e.chunk_digest.is_empty()) {
+        e.offset = starts[e.offset as usize] as i64;
+    }
     let json = toc.json();
     let (toc_offset, toc_size, toc_compressed_digest) = match opts.format {
         Format::Estargz => {
-            let toc_offset = m.offset();
+            let toc_offset = m.position();
             m.write_all(&plain_header(TOC_NAME, json.len() as u64, 0))?;
             m.write_all(&json)?;
             let padding = (512 - json.len() % 512) % 512;
             m.write_all(&vec![0u8; padding + 1024])?;
-            m.cut()?;
-            let toc_size = m.offset() - toc_offset;
+            m.settle()?;
+            let toc_size = m.position() - toc_offset;
             m.write_outside(&footer_bytes(toc_offset))?;
             (toc_offset, toc_size, String::new())
         }
@@ -209,7 +216,7 @@ pub fn write<R: Read + Seek, W: Write>(
         // blocks, as stargz-snapshotter's zstd:chunked writer leaves it.
         Format::ZstdChunked => {
             let compressed = zstd::encode_all(&json[..], opts.level as i32)?;
-            let toc_offset = m.offset() + 8;
+            let toc_offset = m.position() + 8;
             m.write_outside(&skippable_frame(&compressed))?;
             m.write_outside(&zstd_footer_bytes(toc_offset, compressed.len() as u64, json.len() as u64))?;
             (toc_offset, compressed.len() as u64, sha256_digest(&compressed))
@@ -235,9 +242,9 @@ pub fn write<R: Read + Seek, W: Write>(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::convert::plan::{Pattern, plan};
-    use crate::convert::tar_index::index;
     use crate::estargz::{Compression, EntryKind, decode_chunk, decode_toc, parse_footer};
+    use crate::write::plan::{Pattern, plan};
+    use crate::write::tar_index::index;
     use std::io::Cursor;
 
     /// A layer with what real ones hold: directories, files smaller and larger than a chunk,
@@ -280,7 +287,7 @@ pub(crate) mod tests {
     fn convert_as(format: Format, tar: &[u8], prefetch: &[Pattern], chunk: u64) -> (Written, Vec<u8>) {
         let entries = index(Cursor::new(tar)).unwrap();
         let (order, _) = plan(&entries, prefetch);
-        let opts = Options { format, chunk_size: chunk, level: 6 };
+        let opts = Options { format, chunk_size: chunk, level: 6, threads: 1 };
         write(&mut Cursor::new(tar), &entries, &order, Vec::new(), opts, &|_| {}).unwrap()
     }
 
@@ -346,6 +353,12 @@ pub(crate) mod tests {
         let (a, blob_a) = convert(&tar, &list, 4096);
         let (b, blob_b) = convert(&tar, &list, 4096);
         assert_eq!((a, &blob_a), (b, &blob_b));
+        // Compressed on several threads: the same bytes.
+        let entries = index(Cursor::new(&tar)).unwrap();
+        let (order, _) = plan(&entries, &list);
+        let opts = Options { format: Format::Estargz, chunk_size: 4096, level: 6, threads: 3 };
+        let (_, blob_c) = write(&mut Cursor::new(&tar), &entries, &order, Vec::new(), opts, &|_| {}).unwrap();
+        assert_eq!(blob_a, blob_c);
         let w = convert(&tar, &list, 4096).0;
         let toc = decode_toc(&blob_a[w.toc_offset as usize..], Compression::Gzip, w.toc_offset, &w.toc_digest, 1 << 20)
             .unwrap();
