@@ -442,3 +442,24 @@ fn a_recorded_start_lists_the_interpreter_and_the_json_module_and_nothing_unrela
     let image = node.rpull("python:strata-record");
     assert_eq!(node.run_sh(&image, "recorded", "python3 -c 'import json; print(json.dumps([1]))'"), "[1]\n");
 }
+
+#[test]
+#[ignore = "needs the test registry: run by .ci/run"]
+fn a_push_that_fails_part_way_is_a_clear_error_tags_nothing_and_a_retry_works() {
+    use common::faulty::{Fault, FaultyRegistry};
+    let faulty = FaultyRegistry::start(&registry());
+    // The first blob upload goes through; the rest are cut off.
+    faulty.set(Fault::RefuseAfter { pattern: "PUT /v2/strata/pushfail/blobs/uploads/".into(), after: 1 });
+    let src = format!("{}/strata/busybox:1", registry());
+    let dst = format!("{}/strata/pushfail:esgz", faulty.addr);
+    let out = convert(&["--jobs", "1", &src, &dst]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "converted through a failing registry");
+    assert!(e.contains("/v2/strata/pushfail/blobs/uploads/"), "the failed upload is named: {e}");
+    assert!(!registry_has("pushfail:esgz"), "no tag after a failed push");
+    faulty.set(Fault::None);
+    convert_ok(&["--jobs", "1", &src, &dst]);
+    assert!(registry_has("pushfail:esgz"));
+    let (m, _) = manifest("pushfail:esgz");
+    assert_eq!(m["layers"].as_array().unwrap().len(), 2);
+}

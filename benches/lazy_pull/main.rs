@@ -38,8 +38,11 @@ const LINKS: [Link; 2] = [
     Link { name: "1 Gbit/s, 2 ms", rate: "1gbit", bits_per_sec: 1e9, rtt: Duration::from_millis(2) },
 ];
 
-const IMAGES: [(&str, &str); 2] =
-    [("python:esgz", "eStargz (ctr-remote convert)"), ("python:esgz-opt", "optimized (ctr-remote optimize)")];
+const IMAGES: [(&str, &str); 3] = [
+    ("python:esgz", "eStargz (ctr-remote convert)"),
+    ("python:esgz-opt", "optimized (ctr-remote optimize)"),
+    ("python:strata-record", "recorded (strata convert --record)"),
+];
 
 /// Reads every regular file of the container's root, through whatever the snapshotter mounted.
 const READ_ALL: &str = "find / -xdev -type f -exec cat {} + >/dev/null";
@@ -63,6 +66,7 @@ fn main() {
     let runs: usize = std::env::var("STRATA_BENCH_RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(5);
     let upstream: SocketAddr = registry().parse().expect("STRATA_TEST_REGISTRY is host:port");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    record_image();
     let mut report = String::new();
     for link in &LINKS {
         let proxy = rt.block_on(DelayProxy::start(upstream, link.rtt)).expect("delay proxy starts");
@@ -181,6 +185,34 @@ fn first_layer(image: &str) -> (String, u64) {
     let m = manifest(image);
     let l = &m["layers"][0];
     (l["digest"].as_str().unwrap().to_string(), l["size"].as_u64().unwrap())
+}
+
+/// `python:strata-record`: `strata convert --record` of `python:1` with the workload
+/// `ctr-remote image optimize` ran for `:esgz-opt` (`python3 -c 'print(1)'`), at the same gzip
+/// level, on a fresh node and the unshaped registry.
+fn record_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("strata-snapshotter.sock");
+    let daemon =
+        Daemon::start(&format!("[snapshotter]\nenabled = true\nsocket = \"{}\"\n", socket.display()), "4GiB", "4GiB");
+    let containerd = Containerd::start(dir.path(), &socket);
+    let hosts = tempfile::tempdir().unwrap();
+    let out = Command::new(common::BIN)
+        .args(["convert", "--compression-level", "9", "--record", "--record-period", "60s"])
+        .arg("--hosts-dir")
+        .arg(hosts.path())
+        .arg("--containerd-address")
+        .arg(&containerd.address)
+        .args(["--containerd-namespace", common::containerd::NAMESPACE])
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .arg(format!("{}/strata/python:1", registry()))
+        .arg(format!("{}/strata/python:strata-record", registry()))
+        .args(["--", "python3", "-c", "print(1)"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "strata convert --record: {}\n{}", String::from_utf8_lossy(&out.stderr), daemon.log());
+    println!("python:strata-record: {}", String::from_utf8_lossy(&out.stdout).trim());
 }
 
 /// One pull and start on a fresh node, through the proxy.

@@ -1,8 +1,9 @@
 //! A fault-injecting proxy in front of the test registry, for tests of what Strata does when a
 //! registry misbehaves: it can refuse requests for some paths (a registry gone mid-pull), or
 //! flip a byte in every ranged answer (a registry serving corrupt bytes), or cut blob answers
-//! short (a truncated blob). One request per
-//! connection, so each answer can be changed whole.
+//! short (a truncated blob), or refuse uploads after the first few (a push that fails part-way).
+//! One request per connection, so each answer can be changed whole; request bodies with a
+//! Content-Length are passed on.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -19,6 +20,9 @@ pub enum Fault {
     /// Send only the first half of the body of answers whose request line contains any of
     /// these, then close the connection, as a registry whose blob ends early does.
     Truncate(Vec<String>),
+    /// Pass the first `after` requests whose request line contains `pattern`, then close the
+    /// connection on the rest.
+    RefuseAfter { pattern: String, after: usize },
 }
 
 pub struct FaultyRegistry {
@@ -60,7 +64,18 @@ fn relay(mut client: TcpStream, upstream: &str, fault: &Mutex<Fault>) -> std::io
     }
     let text = String::from_utf8_lossy(&head).into_owned();
     let request_line = text.lines().next().unwrap_or("").to_owned();
-    let now = fault.lock().unwrap().clone();
+    let now = {
+        let mut f = fault.lock().unwrap();
+        if let Fault::RefuseAfter { pattern, after } = &mut *f
+            && request_line.contains(pattern.as_str())
+        {
+            if *after == 0 {
+                return Ok(());
+            }
+            *after -= 1;
+        }
+        f.clone()
+    };
     if let Fault::Refuse(paths) = &now
         && (paths.is_empty() || paths.iter().any(|p| request_line.contains(p.as_str())))
     {
@@ -72,8 +87,15 @@ fn relay(mut client: TcpStream, upstream: &str, fault: &Mutex<Fault>) -> std::io
         .map(|l| format!("{l}\r\n"))
         .collect();
     rewritten.push_str("Connection: close\r\n\r\n");
+    let length: usize = text
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0);
+    let mut body = vec![0u8; length];
+    client.read_exact(&mut body)?;
     let mut up = TcpStream::connect(upstream)?;
     up.write_all(rewritten.as_bytes())?;
+    up.write_all(&body)?;
     let mut answer = Vec::new();
     up.read_to_end(&mut answer)?;
     if now == Fault::FlipRanges
