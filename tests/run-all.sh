@@ -5,7 +5,8 @@
 #   3. starts a single-node Ceph RGW on loopback (tests/infra/rgw.sh) and a docker-registry with
 #      the test images (tests/infra/registry.sh, images.sh), and stops them on exit;
 #   4. runs the whole workspace's tests, the ones that need RGW or root included;
-#   5. prints one closing line: "N passed, N failed".
+#   5. fuzzes the layer format parsers (fuzz/, cargo-fuzz) for FUZZ_SECONDS (30) per target;
+#   6. prints one closing line: "N passed, N failed".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -84,6 +85,19 @@ if [[ -f $REGISTRY_LOG ]]; then
   blob_gets=$(grep -cE '"GET /v2/[^ ]*/blobs/' "$REGISTRY_LOG" || true)
   log "the registry served $blob_gets blob GETs during this run"
 fi
+# Short, bounded fuzzing of what reads registry bytes: the footer, TOC and tar parsers. The
+# committed seeds (fuzz/seeds/) hold earlier findings, so they are replayed every time.
+FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+log "fuzzing the layer format parsers, ${FUZZ_SECONDS}s per target"
+if ! command -v cargo-fuzz >/dev/null; then
+  cargo install cargo-fuzz --locked --version 0.13.2 2>&1 | tail -1
+fi
+for target in footer toc tar; do
+  # Stable Rust: no sanitizer, coverage-guided libFuzzer all the same.
+  check "fuzz $target" bash -c "cd fuzz && cargo fuzz run --sanitizer none $target corpus/$target seeds/$target \
+    -- -max_total_time=$FUZZ_SECONDS 2>&1 | grep -E '^(Done|thread|SUMMARY)|panicked|deadly'; exit \${PIPESTATUS[0]}"
+done
+
 passed=$((passed + ${tp:-0}))
 failed=$((failed + ${tf:-0}))
 if [[ $status -ne 0 && ${tf:-0} -eq 0 ]]; then

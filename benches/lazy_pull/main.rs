@@ -211,7 +211,12 @@ fn record_image() {
         .args(["--", "python3", "-c", "print(1)"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "strata convert --record: {}\n{}", String::from_utf8_lossy(&out.stderr), daemon.log());
+    assert!(
+        out.status.success(),
+        "strata convert --record: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        daemon.log()
+    );
     println!("python:strata-record: {}", String::from_utf8_lossy(&out.stdout).trim());
 }
 

@@ -48,7 +48,8 @@ fn zstd_form(tail: &[u8], blob_size: u64) -> Option<Result<Footer, FormatError>>
     let (toc_offset, compressed_len) = (word(0), word(1));
     let len = (ZSTD_FOOTER_PAYLOAD + 8) as u64;
     let end = toc_offset.checked_add(compressed_len);
-    if toc_offset < 8 || word(3) != ZSTD_MANIFEST_TYPE || end.is_none_or(|e| e > blob_size - len) {
+    let limit = blob_size.checked_sub(len);
+    if toc_offset < 8 || word(3) != ZSTD_MANIFEST_TYPE || end.zip(limit).is_none_or(|(e, l)| e > l) {
         return Some(Err(FormatError::TocOffset { offset: toc_offset, size: blob_size }));
     }
     Some(Ok(Footer {
@@ -79,10 +80,11 @@ pub fn parse_footer(tail: &[u8], blob_size: u64) -> Result<Footer, FormatError> 
     } else {
         return Err(FormatError::NoFooter);
     };
-    if footer.toc_offset >= blob_size - footer.len {
-        return Err(FormatError::TocOffset { offset: footer.toc_offset, size: blob_size });
+    // A tail longer than the blob it claims to end is no footer of it either.
+    match blob_size.checked_sub(footer.len) {
+        Some(end) if footer.toc_offset < end => Ok(Footer { toc_end: end, ..footer }),
+        _ => Err(FormatError::TocOffset { offset: footer.toc_offset, size: blob_size }),
     }
-    Ok(Footer { toc_end: blob_size - footer.len, ..footer })
 }
 
 /// The footer of `len` bytes at the end of `tail`, if it is one: a gzip header with only
@@ -192,5 +194,8 @@ mod tests {
         assert!(matches!(parse_footer(&f, 4096), Err(FormatError::TocOffset { .. })));
         assert!(matches!(parse_footer(&[0u8; 20], 20), Err(FormatError::TooShort(20))));
         assert!(matches!(parse_footer(&[0u8; 51], 1 << 20), Err(FormatError::NoFooter)));
+        // A tail longer than the blob it is said to end (found by fuzzing).
+        assert!(matches!(parse_footer(&footer_bytes(0), 48), Err(FormatError::TocOffset { .. })));
+        assert!(matches!(parse_footer(&zstd_footer_bytes(8, 0, 0), 47), Err(FormatError::TocOffset { .. })));
     }
 }

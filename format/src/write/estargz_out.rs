@@ -200,6 +200,11 @@ pub fn write<R: Read + Seek, W: Write>(
         e.offset = starts[e.offset as usize] as i64;
     }
     let json = toc.json();
+    // What Strata writes, Strata must read: a tar whose entries do not form a tree (a file
+    // used as a directory, say) is refused here, with the reader's reason, not published.
+    crate::estargz::toc::parse_toc(&json, m.position()).map_err(|e| {
+        io::Error::new(io::ErrorKind::InvalidData, format!("the layer's entries do not form a readable tree: {e}"))
+    })?;
     let (toc_offset, toc_size, toc_compressed_digest) = match opts.format {
         Format::Estargz => {
             let toc_offset = m.position();
@@ -401,5 +406,25 @@ pub(crate) mod tests {
             .collect();
         assert!(!names.iter().any(|n| n == "stargz.index.json"), "{names:?}");
         assert!(names.iter().any(|n| n == "usr/lib/big.bin"));
+    }
+
+    #[test]
+    fn entries_that_do_not_form_a_tree_are_refused_not_written() {
+        let mut b = tar::Builder::new(Vec::new());
+        for name in ["etc", "etc/motd"] {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(1);
+            h.set_mode(0o644);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(0);
+            b.append_data(&mut h, name, &b"x"[..]).unwrap();
+        }
+        let tar = b.into_inner().unwrap();
+        let entries = index(Cursor::new(&tar)).unwrap();
+        let (order, _) = plan(&entries, &[]);
+        let e = write(&mut Cursor::new(&tar), &entries, &order, Vec::new(), Options::default(), &|_| {}).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("\"etc\" is not a directory"), "{e}");
     }
 }

@@ -113,8 +113,10 @@ pub fn convert(
         let (order, prefetched) = plan(&entries, prefetch);
         let out =
             BufWriter::with_capacity(1 << 20, File::create(&out_path).map_err(io_err("creating the output blob"))?);
-        let (written, out) = estargz_out::write(&mut tar, &entries, &order, out, opts, progress)
-            .map_err(io_err("writing the eStargz blob"))?;
+        let (written, out) = estargz_out::write(&mut tar, &entries, &order, out, opts, progress).map_err(|e| {
+            // InvalidData: the entries themselves, not the disk.
+            if e.kind() == io::ErrorKind::InvalidData { layer(e.to_string()) } else { io_err("writing the blob")(e) }
+        })?;
         out.into_inner().map_err(|e| io_err("writing the eStargz blob")(e.into_error()))?.sync_all().ok();
         Ok(Converted { blob: out_path.clone(), written, prefetched })
     })();
