@@ -49,7 +49,8 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 TOML
 containerd --config "$CTD/config.toml" >"$CTD/log" 2>&1 &
 CTD_PID=$!
-remote() { ctr-remote --address "$CTD/containerd.sock" -n bench "$@"; }
+REMOTE=(ctr-remote --address "$CTD/containerd.sock" -n bench)
+remote() { "${REMOTE[@]}" "$@"; }
 for _ in $(seq 100); do remote version >/dev/null 2>&1 && break; sleep 0.1; done
 remote image pull --plain-http "$SRC" >/dev/null
 
@@ -66,7 +67,7 @@ for run in $(seq "$RUNS"); do
         read -r secs kib < <(measure "$STRATA" convert --compression-level 9 "oci:$WORK/src:1" "oci:$WORK/out-$run:esgz")
         rm -rf "$WORK/out-$run" ;;
       ctr-remote)
-        read -r secs kib < <(measure remote image convert --oci --estargz --estargz-compression-level 9 "$SRC" "bench/python:esgz-$run")
+        read -r secs kib < <(measure "${REMOTE[@]}" image convert --oci --estargz --estargz-compression-level 9 "$SRC" "bench/python:esgz-$run")
         remote image rm --sync "bench/python:esgz-$run" >/dev/null ;;
     esac
     rows+=("$run $side $secs $kib")

@@ -255,36 +255,99 @@ fn an_image_already_in_estargz_is_copied_or_refused_as_asked() {
     assert_eq!(manifest("busybox:esgz").1, manifest("busybox:copied").1, "the same manifest, byte for byte");
 }
 
-/// An OCI layout of one image with one layer: `tar`, gzipped, with a config that names its
-/// DiffID. Returns the layout reference.
-fn layout_with_layer(dir: &Path, tar: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    let digest = |b: &[u8]| format!("sha256:{}", hex::encode(Sha256::digest(b)));
-    let put = |b: &[u8]| {
-        let d = digest(b);
-        let p = dir.join("blobs/sha256").join(d.strip_prefix("sha256:").unwrap());
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, b).unwrap();
-        d
-    };
+/// Puts `bytes` in the layout at `dir`; returns the digest.
+fn put_blob(dir: &Path, bytes: &[u8]) -> String {
+    let d = format!("sha256:{}", sha(bytes));
+    let p = dir.join("blobs/sha256").join(d.strip_prefix("sha256:").unwrap());
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, bytes).unwrap();
+    d
+}
+
+/// A manifest in the layout at `dir` of one image for `arch` with one layer: `tar`, gzipped,
+/// with a config that names its DiffID. Returns its descriptor.
+fn manifest_with_layer(dir: &Path, tar: &[u8], arch: &str) -> serde_json::Value {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     std::io::Write::write_all(&mut gz, tar).unwrap();
     let layer = gz.finish().unwrap();
-    let config = serde_json::json!({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": [digest(tar)]}});
+    let config = serde_json::json!({"architecture": arch, "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", sha(tar))]}});
     let config = serde_json::to_vec(&config).unwrap();
     let manifest = serde_json::json!({
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": put(&config), "size": config.len()},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": put(&layer), "size": layer.len()}],
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": put_blob(dir, &config), "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": put_blob(dir, &layer), "size": layer.len()}],
     });
     let manifest = serde_json::to_vec(&manifest).unwrap();
-    let index = serde_json::json!({"schemaVersion": 2, "manifests": [{
-        "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": put(&manifest), "size": manifest.len(),
-        "annotations": {"org.opencontainers.image.ref.name": "1"}}]});
+    serde_json::json!({"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": put_blob(dir, &manifest),
+        "size": manifest.len(), "platform": {"architecture": arch, "os": "linux"}})
+}
+
+/// Tags `descriptor` as `1` in the layout at `dir`; returns the layout reference.
+fn tag_layout(dir: &Path, mut descriptor: serde_json::Value) -> String {
+    descriptor["annotations"] = serde_json::json!({"org.opencontainers.image.ref.name": "1"});
+    let index = serde_json::json!({"schemaVersion": 2, "manifests": [descriptor]});
     std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
     std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
     format!("oci:{}:1", dir.display())
+}
+
+/// An OCI layout of one image with one layer, `tar`. Returns the layout reference.
+fn layout_with_layer(dir: &Path, tar: &[u8]) -> String {
+    let d = manifest_with_layer(dir, tar, "amd64");
+    tag_layout(dir, d)
+}
+
+#[test]
+fn a_multi_platform_index_keeps_every_platform_converted_and_drops_attestations() {
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    let amd64 = manifest_with_layer(&src, &tar_named("amd64-file"), "amd64");
+    let arm64 = manifest_with_layer(&src, &tar_named("arm64-file"), "arm64");
+    let mut attestation = manifest_with_layer(&src, &tar_named("sbom"), "unknown");
+    attestation["platform"]["os"] = "unknown".into();
+    attestation["annotations"] = serde_json::json!({"vnd.docker.reference.type": "attestation-manifest",
+        "vnd.docker.reference.digest": amd64["digest"].clone()});
+    let index = serde_json::to_vec(&serde_json::json!({"schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [amd64, arm64, attestation]}))
+    .unwrap();
+    let top = serde_json::json!({"mediaType": "application/vnd.oci.image.index.v1+json",
+        "digest": put_blob(&src, &index), "size": index.len()});
+    let src_ref = tag_layout(&src, top);
+    let dst = work.path().join("dst");
+    let said = convert_ok(&[&src_ref, &format!("oci:{}:esgz", dst.display())]);
+    assert!(said.contains("2 layers converted"), "{said}");
+    let read = |d: &serde_json::Value| -> serde_json::Value {
+        let hex = d["digest"].as_str().unwrap().strip_prefix("sha256:").unwrap().to_owned();
+        serde_json::from_slice(&std::fs::read(dst.join("blobs/sha256").join(hex)).unwrap()).unwrap()
+    };
+    let tags: serde_json::Value = serde_json::from_slice(&std::fs::read(dst.join("index.json")).unwrap()).unwrap();
+    let top = &tags["manifests"][0];
+    assert_eq!(top["mediaType"], "application/vnd.oci.image.index.v1+json");
+    let index = read(top);
+    let platforms: Vec<&str> = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["platform"]["architecture"].as_str().unwrap())
+        .collect();
+    assert_eq!(platforms, ["amd64", "arm64"], "both platforms, in order, and no attestation");
+    for m in index["manifests"].as_array().unwrap() {
+        let manifest = read(m);
+        let layer = &manifest["layers"][0];
+        assert!(layer["annotations"]["containerd.io/snapshot/stargz/toc.digest"].is_string(), "{manifest:#}");
+        let config = read(&manifest["config"]);
+        assert_eq!(config["architecture"], m["platform"]["architecture"]);
+        // The config's DiffID is the converted layer's.
+        let blob = std::fs::read(
+            dst.join("blobs/sha256").join(layer["digest"].as_str().unwrap().strip_prefix("sha256:").unwrap()),
+        )
+        .unwrap();
+        let mut raw = Vec::new();
+        flate2::read::MultiGzDecoder::new(&blob[..]).read_to_end(&mut raw).unwrap();
+        assert_eq!(config["rootfs"]["diff_ids"][0], format!("sha256:{}", sha(&raw)));
+    }
 }
 
 /// A tar of one regular file named `name`, which may be anything, as a hostile tool writes it.
