@@ -253,6 +253,33 @@ fn an_image_already_in_estargz_is_copied_or_refused_as_asked() {
     let said = convert_ok(&[&src, &format!("{}/strata/busybox:copied", registry())]);
     assert!(said.contains("copied"), "{said}");
     assert_eq!(manifest("busybox:esgz").1, manifest("busybox:copied").1, "the same manifest, byte for byte");
+    // Converted again: ctr-remote's TOCs and landmarks replaced by Strata's, the files the same.
+    let said =
+        convert_ok(&["--if-converted", "reconvert", &src, &format!("{}/strata/busybox:reconverted", registry())]);
+    assert!(said.contains("2 layers converted"), "{said}");
+    let (again, _) = manifest("busybox:reconverted");
+    let (theirs, _) = manifest("busybox:esgz");
+    for (a, t) in again["layers"].as_array().unwrap().iter().zip(theirs["layers"].as_array().unwrap()) {
+        assert_ne!(a["digest"], t["digest"]);
+        let toc = toc_of(&blob(a["digest"].as_str().unwrap(), "busybox"));
+        let names = |toc: &serde_json::Value| -> Vec<String> {
+            let mut n: Vec<String> = toc["entries"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["type"] != "chunk" && !e["name"].as_str().unwrap().ends_with("landmark"))
+                // The root is "./" or "" by writer; the same entry.
+                .map(|e| match e["name"].as_str().unwrap().trim_start_matches("./").trim_end_matches('/') {
+                    "." => String::new(),
+                    n => n.to_owned(),
+                })
+                .collect();
+            n.sort();
+            n
+        };
+        assert_eq!(names(&toc), names(&toc_of(&blob(t["digest"].as_str().unwrap(), "busybox"))));
+        assert_eq!(toc["entries"].as_array().unwrap().iter().filter(|e| e["name"] == "stargz.index.json").count(), 0);
+    }
 }
 
 /// Puts `bytes` in the layout at `dir`; returns the digest.
@@ -512,17 +539,20 @@ fn a_push_that_fails_part_way_is_a_clear_error_tags_nothing_and_a_retry_works() 
     use common::faulty::{Fault, FaultyRegistry};
     let faulty = FaultyRegistry::start(&registry());
     // The first blob upload goes through; the rest are cut off.
-    faulty.set(Fault::RefuseAfter { pattern: "PUT /v2/strata/pushfail/blobs/uploads/".into(), after: 1 });
+    // A repository of its own, so no blob is there already from an earlier run.
+    let repo =
+        format!("pushfail-{}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos());
+    faulty.set(Fault::RefuseAfter { pattern: format!("PUT /v2/strata/{repo}/blobs/uploads/"), after: 1 });
     let src = format!("{}/strata/busybox:1", registry());
-    let dst = format!("{}/strata/pushfail:esgz", faulty.addr);
+    let dst = format!("{}/strata/{repo}:esgz", faulty.addr);
     let out = convert(&["--jobs", "1", &src, &dst]);
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "converted through a failing registry");
-    assert!(e.contains("/v2/strata/pushfail/blobs/uploads/"), "the failed upload is named: {e}");
-    assert!(!registry_has("pushfail:esgz"), "no tag after a failed push");
+    assert!(e.contains(&format!("/v2/strata/{repo}/blobs/uploads/")), "the failed upload is named: {e}");
+    assert!(!registry_has(&format!("{repo}:esgz")), "no tag after a failed push");
     faulty.set(Fault::None);
     convert_ok(&["--jobs", "1", &src, &dst]);
-    assert!(registry_has("pushfail:esgz"));
-    let (m, _) = manifest("pushfail:esgz");
+    assert!(registry_has(&format!("{repo}:esgz")));
+    let (m, _) = manifest(&format!("{repo}:esgz"));
     assert_eq!(m["layers"].as_array().unwrap().len(), 2);
 }

@@ -94,8 +94,10 @@ if ! command -v cargo-fuzz >/dev/null; then
 fi
 for target in footer toc tar; do
   # Stable Rust: no sanitizer, coverage-guided libFuzzer all the same.
-  check "fuzz $target" bash -c "cd fuzz && cargo fuzz run --sanitizer none $target corpus/$target seeds/$target \
-    -- -max_total_time=$FUZZ_SECONDS 2>&1 | grep -E '^(Done|thread|SUMMARY)|panicked|deadly'; exit \${PIPESTATUS[0]}"
+  # libFuzzer wants its corpus dirs to exist; new finds go to corpus/, the seeds are read.
+  check "fuzz $target" bash -c "cd fuzz && mkdir -p corpus/$target && cargo fuzz run --sanitizer none $target \
+    corpus/$target seeds/$target -- -max_total_time=$FUZZ_SECONDS 2>&1 |
+    grep -E '^(Done|thread|SUMMARY|ERROR)|panicked|deadly|error'; exit \${PIPESTATUS[0]}"
 done
 
 passed=$((passed + ${tp:-0}))

@@ -88,6 +88,11 @@ pub struct TocMember {
     pub bytes: bytes::Bytes,
 }
 
+/// Bytes read from the end of a blob at first: the footer and, for most layers, the whole TOC,
+/// which saves a round trip. 64 KiB takes less time on the wire than the round trip it saves on
+/// the links lazy pulls are for (2.6 ms at 200 Mbit/s, against 20 ms).
+const TAIL_READ: u64 = 64 << 10;
+
 /// Finds blob `digest`'s footer and reads its TOC member, which may be at most `max_toc_size`
 /// bytes (compressed): a footer pointing far back cannot make the daemon read a whole blob
 /// into memory.
@@ -100,13 +105,27 @@ pub async fn fetch_toc(
     let reg_err = |source| RemoteError::Registry { image: image.to_string(), layer: digest.to_owned(), source };
     let fmt_err = |source| RemoteError::Format { image: image.to_string(), layer: digest.to_owned(), source };
     let size = registry.blob_size(image, digest).await.map_err(reg_err)?;
-    let tail_start = size.saturating_sub(MAX_FOOTER_SIZE);
+    let tail_start = size.saturating_sub(TAIL_READ.max(MAX_FOOTER_SIZE));
     let tail = registry.blob_range(image, digest, tail_start..size).await.map_err(reg_err)?;
     let footer = estargz::parse_footer(&tail, size).map_err(fmt_err)?;
     if footer.toc_end - footer.toc_offset > max_toc_size {
         return Err(fmt_err(FormatError::TocTooLarge { limit: max_toc_size }));
     }
-    let bytes = registry.blob_range(image, digest, footer.toc_offset..footer.toc_end).await.map_err(reg_err)?;
+    let (start, end) = (footer.toc_offset, footer.toc_end);
+    let in_tail = |from: u64| tail.slice((from - tail_start) as usize..(end - tail_start) as usize);
+    let bytes = if start >= tail_start {
+        // The TOC came with the footer: one round trip saved.
+        in_tail(start)
+    } else if end <= tail_start {
+        // A footer that leaves a gap before itself: the TOC is read on its own.
+        registry.blob_range(image, digest, start..end).await.map_err(reg_err)?
+    } else {
+        let head = registry.blob_range(image, digest, start..tail_start).await.map_err(reg_err)?;
+        let mut whole = bytes::BytesMut::with_capacity((end - start) as usize);
+        whole.extend_from_slice(&head);
+        whole.extend_from_slice(&in_tail(tail_start));
+        whole.freeze()
+    };
     Ok(TocMember { size, footer, bytes })
 }
 

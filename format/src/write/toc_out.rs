@@ -91,7 +91,9 @@ impl TocBuilder {
         };
         let b64 = base64::engine::general_purpose::STANDARD;
         OutEntry {
-            name: e.name.clone(),
+            // The layer's root as tars name it: an empty name would trip readers that do not
+            // clean names.
+            name: if e.name.is_empty() { "./".to_owned() } else { e.name.clone() },
             kind,
             size: if kind == "reg" { e.size as i64 } else { 0 },
             modtime: if e.mtime == 0 { String::new() } else { format_rfc3339(e.mtime) },
