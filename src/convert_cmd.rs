@@ -1,5 +1,6 @@
 //! `strata convert SRC DST`: an image from a registry or an OCI layout directory, converted to
-//! eStargz and written to a registry or a layout directory, with a progress bar per layer.
+//! eStargz or zstd:chunked and written to a registry or a layout directory, with a progress bar
+//! per layer.
 
 use clap::{Args, ValueEnum};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
@@ -53,7 +54,7 @@ pub struct ConvertArgs {
     /// Layers converted at once (default: the number of CPUs). The output does not depend on it.
     #[arg(long)]
     jobs: Option<usize>,
-    /// What to do with an image whose layers are all eStargz already.
+    /// What to do with an image whose layers are all in the format asked for already.
     #[arg(long, value_enum, default_value = "skip")]
     if_converted: OnConverted,
     /// containerd's registry host directory (`hosts.toml` files).

@@ -30,7 +30,7 @@ enum Command {
     Mount(Box<mount_cmd::MountArgs>),
     /// Inspect the image layers the daemon's snapshotter serves.
     Image(image_cmd::ImageArgs),
-    /// Convert an image to eStargz, for lazy pulls by Strata or stargz-snapshotter.
+    /// Convert an image to eStargz or zstd:chunked, for lazy pulls by Strata or stargz-snapshotter.
     Convert(Box<convert_cmd::ConvertArgs>),
 }
 
