@@ -187,6 +187,6 @@ pub async fn run(args: ConvertArgs) -> anyhow::Result<()> {
     }
     let report = convert::image::run(&job, &registry, &bars).await?;
     let what = if report.skipped { "copied (already in that format)" } else { "converted" };
-    println!("{} {what}: {} ({} layers converted)", args.dst, report.digest, report.layers_converted);
+    println!("{} {what}: {} ({} layers converted)", args.dst, report.digest, report.layers.len());
     Ok(())
 }

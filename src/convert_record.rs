@@ -58,11 +58,6 @@ async fn run_tool(tool: &str, args: &[String]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn is_loopback(host: &str) -> bool {
-    let name = host.rsplit_once(':').map(|(h, _)| h).unwrap_or(host);
-    matches!(name, "localhost" | "[::1]") || name.starts_with("127.")
-}
-
 /// Runs the trial and returns each input layer's recorded prefetch list.
 pub async fn record(
     args: &RecordArgs,
@@ -104,7 +99,7 @@ pub async fn record(
     if hosts_dir.is_dir() {
         pull.extend(["--hosts-dir", &hosts]);
     }
-    if is_loopback(&trial.host) {
+    if strata_snapshotter::registry::hosts::is_loopback(&trial.host) {
         pull.push("--plain-http");
     }
     pull.push(&reference);

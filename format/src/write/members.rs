@@ -14,6 +14,7 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 
 /// A writer that counts and hashes what goes through it.
+#[derive(Debug)]
 pub struct Hashed<W> {
     inner: W,
     pub count: u64,

@@ -3,6 +3,7 @@
 
 pub mod estargz_out;
 mod members;
+pub use members::Hashed;
 pub mod plan;
 pub mod tar_index;
 mod toc_out;

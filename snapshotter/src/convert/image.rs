@@ -101,8 +101,6 @@ pub struct Job {
 #[derive(Debug, Clone)]
 pub struct Report {
     pub digest: String,
-    pub media_type: String,
-    pub layers_converted: usize,
     pub skipped: bool,
     /// Each converted layer: its input digest and its output digest.
     pub layers: Vec<(String, String)>,
@@ -223,16 +221,12 @@ impl Ctx<'_> {
     }
 
     /// The image itself, under the destination's tag: the last write of a conversion.
-    async fn put_top(&self, bytes: &[u8], media_type: &str, platform: Option<Value>) -> Result<(), ConvertError> {
+    async fn put_top(&self, bytes: &[u8], media_type: &str) -> Result<(), ConvertError> {
         let digest = digest_of(bytes);
         match &self.job.dst {
             Place::Layout(l) => {
                 l.put_blob_bytes(&digest, bytes)?;
-                let mut d = json!({"mediaType": media_type, "digest": digest, "size": bytes.len()});
-                if let Some(p) = platform {
-                    d["platform"] = p;
-                }
-                l.tag(d)
+                l.tag(json!({"mediaType": media_type, "digest": digest, "size": bytes.len()}))
             }
             Place::Registry(r) => {
                 Ok(self.registry.push_manifest(r, r.object(), media_type, bytes.to_vec().into()).await?)
@@ -389,10 +383,6 @@ impl Ctx<'_> {
     }
 }
 
-fn media_type_of(v: &Value) -> &'static str {
-    if is_index(v) { OCI_INDEX } else { OCI_MANIFEST }
-}
-
 /// Runs `job`: reads the source, converts, writes the destination.
 pub async fn run(job: &Job, registry: &Registry, progress: &dyn Progress) -> Result<Report, ConvertError> {
     if let Place::Registry(r) = &job.dst
@@ -406,28 +396,15 @@ pub async fn run(job: &Job, registry: &Registry, progress: &dyn Progress) -> Res
     if !is_index(&v) {
         return match ctx.manifest_of(&top).await? {
             Some(new) => {
-                ctx.put_top(&new, OCI_MANIFEST, None).await?;
-                let layers = ctx.converted();
-                Ok(Report {
-                    digest: digest_of(&new),
-                    media_type: OCI_MANIFEST.into(),
-                    layers_converted: layers.len(),
-                    skipped: false,
-                    layers,
-                })
+                ctx.put_top(&new, OCI_MANIFEST).await?;
+                Ok(Report { digest: digest_of(&new), skipped: false, layers: ctx.converted() })
             }
             None => {
                 progress.note(&format!("{} is already {}: copied as it is", job.src.name(), job.options.format.name()));
                 ctx.copy_manifest(&top).await?;
                 let media_type = v["mediaType"].as_str().unwrap_or(OCI_MANIFEST).to_owned();
-                ctx.put_top(&top, &media_type, None).await?;
-                Ok(Report {
-                    digest: digest_of(&top),
-                    media_type,
-                    layers_converted: 0,
-                    skipped: true,
-                    layers: Vec::new(),
-                })
+                ctx.put_top(&top, &media_type).await?;
+                Ok(Report { digest: digest_of(&top), skipped: true, layers: Vec::new() })
             }
         };
     }
@@ -464,16 +441,9 @@ pub async fn run(job: &Job, registry: &Registry, progress: &dyn Progress) -> Res
     if manifests.is_empty() {
         return Err(ctx.bad("the index names no image manifest to convert".into()));
     }
-    out["mediaType"] = media_type_of(&v).into();
+    out["mediaType"] = OCI_INDEX.into();
     out["manifests"] = manifests.into();
     let bytes = serde_json::to_vec_pretty(&out).expect("JSON values serialise");
-    ctx.put_top(&bytes, OCI_INDEX, None).await?;
-    let layers = ctx.converted();
-    Ok(Report {
-        digest: digest_of(&bytes),
-        media_type: OCI_INDEX.into(),
-        layers_converted: layers.len(),
-        skipped,
-        layers,
-    })
+    ctx.put_top(&bytes, OCI_INDEX).await?;
+    Ok(Report { digest: digest_of(&bytes), skipped, layers: ctx.converted() })
 }

@@ -7,10 +7,10 @@ use super::ConvertError;
 use super::estargz_out::{self, Options, Written};
 use super::plan::{Pattern, plan};
 use super::tar_index::index;
-use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
+use strata_format::write::Hashed;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Compression {
@@ -27,23 +27,6 @@ fn sniff(head: &[u8]) -> Option<Compression> {
         // An empty layer: only the end-of-archive blocks.
         h if h.len() >= 512 && h[..512].iter().all(|b| *b == 0) => Some(Compression::Plain),
         _ => None,
-    }
-}
-
-/// A writer that hashes what passes, for the DiffID of what was decompressed.
-struct HashingWriter<W> {
-    inner: W,
-    hash: Sha256,
-}
-
-impl<W: Write> Write for HashingWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hash.update(&buf[..n]);
-        Ok(n)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
     }
 }
 
@@ -91,15 +74,16 @@ pub fn convert(
         })?;
         let src = io::Cursor::new(head[..got].to_vec()).chain(src);
         let tar_file = File::create(&tar_path).map_err(io_err("creating the scratch tar"))?;
-        let mut sink = HashingWriter { inner: BufWriter::with_capacity(1 << 20, tar_file), hash: Sha256::new() };
+        // Hashed as it is written: the DiffID the config must name.
+        let mut sink = Hashed::new(BufWriter::with_capacity(1 << 20, tar_file));
         let copied = match kind {
             Compression::Gzip => io::copy(&mut flate2::read::MultiGzDecoder::new(src), &mut sink),
             Compression::Zstd => zstd::stream::read::Decoder::new(src).and_then(|mut d| io::copy(&mut d, &mut sink)),
             Compression::Plain => io::copy(&mut { src }, &mut sink),
         };
         copied.map_err(|e| layer(format!("the blob does not decompress: {e}")))?;
-        sink.inner.flush().map_err(io_err("writing the scratch tar"))?;
-        let actual = format!("sha256:{}", hex::encode(sink.hash.finalize()));
+        sink.flush().map_err(io_err("writing the scratch tar"))?;
+        let (actual, _) = sink.finish();
         if let Some(expected) = diff_id
             && actual != expected
         {

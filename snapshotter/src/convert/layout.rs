@@ -109,24 +109,9 @@ impl Layout {
         Ok(())
     }
 
-    /// Moves the file at `from` (whose digest is `digest`) into the layout's blobs.
-    pub fn put_blob_file(&self, digest: &str, from: &Path) -> Result<(), ConvertError> {
-        let path = self.blob_path(digest)?;
-        if path.exists() {
-            return Ok(());
-        }
-        let parent = path.parent().expect("blob paths have a parent");
-        std::fs::create_dir_all(parent).map_err(io_err(format!("creating {}", parent.display())))?;
-        // Across filesystems a rename fails: copy to a temporary name beside it, then rename.
-        if std::fs::rename(from, &path).is_err() {
-            let tmp = parent.join(format!(".{}.partial", path.file_name().unwrap().to_string_lossy()));
-            std::fs::copy(from, &tmp).map_err(io_err(format!("writing {}", tmp.display())))?;
-            std::fs::rename(&tmp, &path).map_err(io_err(format!("renaming {}", tmp.display())))?;
-        }
-        Ok(())
-    }
-
-    pub fn put_blob_bytes(&self, digest: &str, bytes: &[u8]) -> Result<(), ConvertError> {
+    /// Puts blob `digest` in place, unless the layout has it: `fill` writes a temporary file
+    /// beside it, which is then renamed, so a blob is never seen half written.
+    fn put_blob(&self, digest: &str, fill: impl FnOnce(&Path) -> std::io::Result<()>) -> Result<(), ConvertError> {
         let path = self.blob_path(digest)?;
         if path.exists() {
             return Ok(());
@@ -134,8 +119,18 @@ impl Layout {
         let parent = path.parent().expect("blob paths have a parent");
         std::fs::create_dir_all(parent).map_err(io_err(format!("creating {}", parent.display())))?;
         let tmp = parent.join(format!(".{}.partial", path.file_name().unwrap().to_string_lossy()));
-        std::fs::write(&tmp, bytes).map_err(io_err(format!("writing {}", tmp.display())))?;
+        fill(&tmp).map_err(io_err(format!("writing {}", tmp.display())))?;
         std::fs::rename(&tmp, &path).map_err(io_err(format!("renaming {}", tmp.display())))
+    }
+
+    /// Moves the file at `from` (whose digest is `digest`) into the layout's blobs.
+    pub fn put_blob_file(&self, digest: &str, from: &Path) -> Result<(), ConvertError> {
+        // A rename within the filesystem, else (across filesystems) a copy.
+        self.put_blob(digest, |tmp| std::fs::rename(from, tmp).or_else(|_| std::fs::copy(from, tmp).map(|_| ())))
+    }
+
+    pub fn put_blob_bytes(&self, digest: &str, bytes: &[u8]) -> Result<(), ConvertError> {
+        self.put_blob(digest, |tmp| std::fs::write(tmp, bytes))
     }
 
     /// Names `descriptor` with the layout's tag in `index.json`, replacing what had that tag.

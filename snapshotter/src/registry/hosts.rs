@@ -149,14 +149,19 @@ fn endpoint(url: &str, entry: &HostEntry, dir: &Path) -> Result<Endpoint, String
     })
 }
 
+/// Whether registry `host` (`name[:port]`) is on loopback, where containerd speaks plain HTTP
+/// by default.
+pub fn is_loopback(host: &str) -> bool {
+    let name = host.rsplit_once(':').map(|(h, _)| h).unwrap_or(host);
+    matches!(name, "localhost" | "127.0.0.1" | "[::1]") || name.starts_with("127.")
+}
+
 /// Without configuration: HTTPS, except loopback registries, which speak plain HTTP as
 /// containerd lets them by default.
 fn default_endpoint(host: &str) -> Endpoint {
-    let name = host.rsplit_once(':').map(|(h, _)| h).unwrap_or(host);
-    let loopback = matches!(name, "localhost" | "127.0.0.1" | "[::1]") || name.starts_with("127.");
     let base = match host {
         "docker.io" => "https://registry-1.docker.io/v2".to_owned(),
-        h if loopback => format!("http://{h}/v2"),
+        h if is_loopback(h) => format!("http://{h}/v2"),
         h => format!("https://{h}/v2"),
     };
     Endpoint { base, skip_verify: false, ca: vec![], resolve: true, pull: true, push: true }
