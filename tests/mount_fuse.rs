@@ -459,8 +459,16 @@ fn fuse_root_failed_upload_is_an_error_from_fsync_and_close() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("closing") && err.contains("Input/output error"), "{err}");
     lock("-i");
+    // The kernel's release comes after close returned; it must not upload either file now that
+    // the store would take them.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while m.log().matches("not uploaded at release").count() < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
     assert!(!src.path().join("locked/x").exists() && !src.path().join("locked/y").exists());
     assert!(m.log().contains("uploading locked/x failed"), "{}", m.log());
+    assert_eq!(m.log().matches("not uploaded at release").count(), 2, "{}", m.log());
     m.stop();
 }
 

@@ -263,7 +263,12 @@ impl FsCore {
         let mut report = Vec::new();
         for l in staging::leftovers(dir) {
             let target = &l.manifest.target;
-            let line = if !l.manifest.complete {
+            let line = if l.manifest.failed {
+                format!(
+                    "{target}: its upload failed and the writer was told; not uploaded, kept at {}",
+                    l.data.display()
+                )
+            } else if !l.manifest.complete {
                 format!("{target}: left incomplete by a crash mid-write; not uploaded, kept at {}", l.data.display())
             } else if !staging::holds_recorded_content(&l.manifest, &l.data).unwrap_or(false) {
                 format!(
@@ -667,16 +672,24 @@ impl FsCore {
             return Ok(());
         }
         let path = s.target.clone();
-        let node = match crate::streaming::finish(self.ns.as_ref(), &mut s).await {
-            Some(Ok(node)) => node,
-            Some(Err(StreamError::Store(source))) => return Err(FsError::Publish { path, source }),
-            Some(Err(StreamError::Stage(source))) => return Err(FsError::Stage { path, source }),
-            None => {
-                s.seal().map_err(|source| FsError::Stage { path: path.clone(), source })?;
-                self.ns
+        let outcome = match crate::streaming::finish(self.ns.as_ref(), &mut s).await {
+            Some(Ok(node)) => Ok(node),
+            Some(Err(StreamError::Store(source))) => Err(FsError::Publish { path: path.clone(), source }),
+            Some(Err(StreamError::Stage(source))) => Err(FsError::Stage { path: path.clone(), source }),
+            None => match s.seal() {
+                Err(source) => Err(FsError::Stage { path: path.clone(), source }),
+                Ok(()) => self
+                    .ns
                     .publish(&path, s.data_path())
                     .await
-                    .map_err(|source| FsError::Publish { path: path.clone(), source })?
+                    .map_err(|source| FsError::Publish { path: path.clone(), source }),
+            },
+        };
+        let node = match outcome {
+            Ok(node) => node,
+            Err(e) => {
+                s.failed = true;
+                return Err(e);
             }
         };
         s.dirty = false;
@@ -712,6 +725,10 @@ impl FsCore {
         if still_open {
             return Ok(());
         }
+        if let Some(kept) = self.keep_failed(staged).await {
+            self.writers.lock().unwrap_or_else(|p| p.into_inner()).remove(&h.ino);
+            return kept;
+        }
         let published = self.publish(h.ino, staged).await;
         self.writers.lock().unwrap_or_else(|p| p.into_inner()).remove(&h.ino);
         if published.is_ok() {
@@ -732,6 +749,28 @@ impl FsCore {
             s.discard();
         }
         published
+    }
+
+    /// A file whose last upload failed, with the writer told so by fsync or close, is not
+    /// uploaded again when its last handle goes: the kernel sends that release after close has
+    /// returned, so an upload now would land behind the writer's back, perhaps over an object
+    /// it wrote again since. Its staged copy is kept, and reported, for the operator. `None`
+    /// when the release should publish as usual.
+    async fn keep_failed(&self, staged: &tokio::sync::Mutex<Staged>) -> Option<Result<(), FsError>> {
+        let s = staged.lock().await;
+        if !(s.dirty && s.failed) {
+            return None;
+        }
+        let path = s.target.clone();
+        if let Err(source) = s.mark_failed() {
+            return Some(Err(FsError::Stage { path, source }));
+        }
+        tracing::warn!(
+            path = %path,
+            kept = %s.data_path().display(),
+            "not uploaded at release: its upload failed and the writer was told; the staged copy is kept"
+        );
+        Some(Ok(()))
     }
 
     /// Reads a published file's staged bytes into the cache under the new object's keys, so
@@ -1222,6 +1261,47 @@ mod write_tests {
         assert_eq!(cold(dir.path(), "done.bin").unwrap(), b"whole");
         assert!(cold(dir.path(), "cut.bin").is_none(), "a file cut off mid-write is never uploaded");
         assert!(report[1].contains("cut.bin") && report[1].contains("incomplete"), "{report:?}");
+    }
+
+    /// The kernel sends release after close has returned, so the store coming back in between
+    /// must not see the file go up behind the writer that was told it failed.
+    #[tokio::test]
+    async fn a_failed_upload_reported_by_flush_is_not_retried_at_release_nor_at_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = setup(dir.path());
+        let e = fs.lookup(ROOT, "d").await.unwrap();
+        let e = fs.lookup(e.ino, "e").await.unwrap();
+        let (_, fh) = fs.create(e.ino, "ckpt").await.unwrap();
+        fs.write(fh, 0, b"lost").await.unwrap();
+        // A file where the object's directory was refuses the object, even to root.
+        let (real, away) = (dir.path().join("cold/d/e"), dir.path().join("cold/d/e.away"));
+        let block = || {
+            std::fs::rename(&real, &away).unwrap();
+            std::fs::write(&real, b"not a directory").unwrap();
+        };
+        let unblock = || {
+            std::fs::remove_file(&real).unwrap();
+            std::fs::rename(&away, &real).unwrap();
+        };
+        block();
+        assert!(matches!(fs.flush(fh).await, Err(FsError::Publish { .. })), "the failed upload is flush's error");
+        unblock();
+        fs.release(fh).await.unwrap();
+        assert!(cold(dir.path(), "d/e/ckpt").is_none(), "release uploaded what the writer was told had failed");
+        let report = fs.recover_staged(true).await;
+        assert!(cold(dir.path(), "d/e/ckpt").is_none(), "a restart uploaded it");
+        assert_eq!(report.len(), 1, "{report:?}");
+        assert!(report[0].contains("d/e/ckpt") && report[0].contains("writer was told"), "{report:?}");
+
+        // A write after the failure is new content: the next close uploads it as usual.
+        let (_, fh) = fs.create(e.ino, "again").await.unwrap();
+        fs.write(fh, 0, b"one").await.unwrap();
+        block();
+        assert!(fs.flush(fh).await.is_err());
+        unblock();
+        fs.write(fh, 3, b" two").await.unwrap();
+        fs.release(fh).await.unwrap();
+        assert_eq!(cold(dir.path(), "d/e/again").unwrap(), b"one two");
     }
 
     fn pattern(n: usize) -> Vec<u8> {

@@ -33,6 +33,10 @@ pub struct Manifest {
     /// uploaded again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<(u64, u32)>,
+    /// Its upload failed and fsync or close told the writer so: a restart must not upload it
+    /// behind the writer's back (it may have written the object again since).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub failed: bool,
 }
 
 #[derive(Debug)]
@@ -49,6 +53,8 @@ pub struct Staged {
     /// Whether the content may still go up while being written: not after a write or
     /// truncate behind what was sent, or a rename, until the next publish.
     pub streamable: bool,
+    /// The last publish failed and its caller reported it; cleared by the next change.
+    pub failed: bool,
 }
 
 fn write_manifest(path: &Path, m: &Manifest) -> io::Result<()> {
@@ -73,6 +79,7 @@ impl Staged {
             dirty: true,
             stream: None,
             streamable: true,
+            failed: false,
         };
         staged.record(false, None)?;
         Ok(staged)
@@ -83,6 +90,7 @@ impl Staged {
         self.file.write_all_at(buf, offset)?;
         self.len = self.len.max(offset + buf.len() as u64);
         self.dirty = true;
+        self.failed = false;
         Ok(())
     }
 
@@ -101,6 +109,7 @@ impl Staged {
         self.file.set_len(len)?;
         self.len = len;
         self.dirty = true;
+        self.failed = false;
         Ok(())
     }
 
@@ -116,7 +125,15 @@ impl Staged {
     }
 
     fn record(&self, complete: bool, content: Option<(u64, u32)>) -> io::Result<()> {
-        write_manifest(&self.manifest, &Manifest { target: self.target.clone(), complete, content })
+        write_manifest(&self.manifest, &Manifest { target: self.target.clone(), complete, content, failed: false })
+    }
+
+    /// Marks the staged content as one whose failed upload the writer was told of, so a
+    /// restart reports it and leaves it alone.
+    pub fn mark_failed(&self) -> io::Result<()> {
+        let mut m: Manifest = serde_json::from_slice(&std::fs::read(&self.manifest)?).map_err(io::Error::other)?;
+        m.failed = true;
+        write_manifest(&self.manifest, &m)
     }
 
     /// The content changes from `offset` on: an upload that already sent bytes past it is
