@@ -32,6 +32,9 @@ enum Command {
     Image(image_cmd::ImageArgs),
     /// Convert an image to eStargz or zstd:chunked, for lazy pulls by Strata or stargz-snapshotter.
     Convert(Box<convert_cmd::ConvertArgs>),
+    /// Internal: detaches the mounts of the process that started it if that process dies.
+    #[command(name = strata_cachefs::guard::SUBCOMMAND, hide = true)]
+    MountGuard,
 }
 
 #[derive(clap::Args, Debug)]
@@ -58,6 +61,12 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG").unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    match &cli.command {
+        Command::MountGuard => return strata_cachefs::guard::run(),
+        // Before any thread or mount exists, so the guard inherits no /dev/fuse descriptor.
+        Command::Daemon(_) | Command::Mount(_) => strata_cachefs::guard::start(),
+        _ => {}
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -72,6 +81,7 @@ fn main() -> std::process::ExitCode {
             Command::Mount(args) => mount_cmd::run(*args, shutdown_signal()).await,
             Command::Image(args) => image_cmd::run(args).await,
             Command::Convert(args) => convert_cmd::run(*args).await,
+            Command::MountGuard => Ok(()),
         }
     });
     match result {

@@ -200,7 +200,9 @@ fn fuse_root_checkpoints_go_up_while_written_and_appear_only_when_complete() {
     let object = cold.path().join("ds/ckpt.pt");
     let mut f = std::fs::File::create(mnt.path().join("ckpt.pt")).unwrap();
     f.write_all(&bytes).unwrap();
-    wait_for_metric(&d, PARTS_WHILE_WRITING, 4);
+    // Writes start parts while fewer than upload_parallel are in flight, so the first two are
+    // sure to go; how many more did depends on how fast the store took them.
+    wait_for_metric(&d, PARTS_WHILE_WRITING, 2);
     assert!(!object.exists(), "the object is visible before the writer's fsync");
     f.sync_all().unwrap();
     assert_eq!(std::fs::read(&object).unwrap(), bytes, "the object after fsync is not what was written");
@@ -208,8 +210,9 @@ fn fuse_root_checkpoints_go_up_while_written_and_appear_only_when_complete() {
 
     let cut = cold.path().join("ds/cut.pt");
     let mut g = std::fs::File::create(mnt.path().join("cut.pt")).unwrap();
+    let before = metric(&d, PARTS_WHILE_WRITING);
     g.write_all(&bytes[..12 << 20]).unwrap();
-    wait_for_metric(&d, PARTS_WHILE_WRITING, 6);
+    wait_for_metric(&d, PARTS_WHILE_WRITING, before + 2);
     d.kill9();
     drop(g);
     assert!(!cut.exists(), "a crash mid-write left an object behind");

@@ -15,7 +15,7 @@ log() { printf '\n== %s\n' "$*"; }
 
 PACKAGES=(ceph-mon ceph-osd ceph-mgr radosgw ceph-common uuid-runtime fuse3 fio curl ca-certificates iproute2
   protobuf-compiler containerd runc docker-registry skopeo umoci busybox-static stargz-snapshotter
-  debootstrap apache2-utils)
+  debootstrap apache2-utils python3)
 log "installing system packages: ${PACKAGES[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq

@@ -66,9 +66,14 @@ fn main() {
     let runs: usize = std::env::var("STRATA_BENCH_RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(5);
     let upstream: SocketAddr = registry().parse().expect("STRATA_TEST_REGISTRY is host:port");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    record_image();
+    // Subsets, for profiling one case: `STRATA_BENCH_LINKS=1gbit STRATA_BENCH_IMAGES=python:esgz`.
+    let chosen = |var: &str, name: &str| std::env::var(var).map_or(true, |v| v.split(',').any(|c| c == name));
+    let images: Vec<_> = IMAGES.iter().filter(|(image, _)| chosen("STRATA_BENCH_IMAGES", image)).collect();
+    if images.iter().any(|(image, _)| *image == "python:strata-record") {
+        record_image();
+    }
     let mut report = String::new();
-    for link in &LINKS {
+    for link in LINKS.iter().filter(|l| chosen("STRATA_BENCH_LINKS", l.rate)) {
         let proxy = rt.block_on(DelayProxy::start(upstream, link.rtt)).expect("delay proxy starts");
         let _shaper = Shaper::on_lo(proxy.addr.port(), link.rate).unwrap_or_else(|e| panic!("shaping lo: {e}"));
         let check = check_link(link, &proxy);
@@ -76,7 +81,7 @@ fn main() {
         report += &format!("\n### {}\n\n{check}\n\n", link.name);
         report += "| image | compressed | full pull: first output | lazy: first output | ratio | bytes before first output | full pull: every file read | lazy: every file read | full-read penalty |\n";
         report += "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
-        for (image, what) in IMAGES {
+        for &&(image, what) in &images {
             let size = compressed_size(image);
             let (mut full, mut lazy) = (Vec::new(), Vec::new());
             for run in 0..runs {

@@ -8,6 +8,7 @@ mod assemble;
 pub mod core;
 pub mod dataset;
 pub mod fuse;
+pub mod guard;
 mod keeper;
 pub mod mount;
 pub mod namespace;

@@ -42,6 +42,12 @@ pub fn mount(
     opts: &MountOptions,
 ) -> Result<BackgroundSession, MountError> {
     let path = mountpoint.display().to_string();
+    // A mount left by a process that died, and that nothing detached. Only an open asks the
+    // dead connection: a stat may be answered from attributes the kernel still caches.
+    if std::fs::File::open(mountpoint).is_err_and(|e| e.raw_os_error() == Some(nix::errno::Errno::ENOTCONN as i32)) {
+        warn!(mountpoint = %path, "detaching a dead mount left here before mounting again");
+        let _ = detach(mountpoint);
+    }
     let meta = std::fs::metadata(mountpoint)
         .map_err(|e| MountError::MountPoint { path: path.clone(), message: e.to_string() })?;
     if !meta.is_dir() {
@@ -71,6 +77,7 @@ pub fn mount(
     let fs = StrataFs::new(core, rt, opts.ttl, current_uid(), current_gid());
     let session = fuser::spawn_mount(fs, mountpoint, &config)
         .map_err(|source| MountError::Fuse { path: path.clone(), source })?;
+    crate::guard::watch(mountpoint);
     raise_read_ahead(mountpoint, opts.read_ahead_kb);
     info!(mountpoint = %path, threads = opts.threads, "mounted");
     Ok(session)
@@ -91,6 +98,7 @@ pub fn unmount(session: BackgroundSession, mountpoint: &Path, wait: std::time::D
     if !detached.success() {
         warn!(mountpoint = %path, "fusermount3 -u failed; the mount may already be gone");
     }
+    crate::guard::forget(mountpoint);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let _ = tx.send(session.umount_and_join());
@@ -102,6 +110,12 @@ pub fn unmount(session: BackgroundSession, mountpoint: &Path, wait: std::time::D
             Ok(())
         }
     }
+}
+
+/// Lazily unmounts `path`, as `fusermount3 -u -z` does.
+pub(crate) fn detach(path: &Path) -> nix::Result<()> {
+    use nix::mount::MntFlags;
+    nix::mount::umount2(path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW)
 }
 
 /// The kernel reads ahead only 128 KiB on a FUSE mount unless the mount's BDI says otherwise.

@@ -456,7 +456,6 @@ impl Lazy {
                 let (inner, name) = (inner.clone(), name.clone());
                 blocking(move || inner.layer_dir(&name)).await?.1
             };
-            clear_dead_mount(&dir).await;
             let toc = src.toc_digest.clone().ok_or_else(|| unavailable("its labels no longer name its TOC".into()))?;
             self.mount(id, &dir, &src, &toc, &name).await.map_err(|e| unavailable(e.to_string()))?;
             tracing::info!(snapshot = %name, "remote layer mounted again");
@@ -516,18 +515,6 @@ fn not_lazy(snapshot: &str, image: &str, layer: &str, how: &str, reason: String,
         chunks_cached: 0,
         error: None,
     }
-}
-
-/// A mount point whose FUSE daemon died reads as "transport endpoint is not connected";
-/// detach it so the layer can be mounted there again.
-async fn clear_dead_mount(dir: &Path) {
-    let dir = dir.to_owned();
-    blocking(move || {
-        if std::fs::metadata(&dir).is_err() {
-            let _ = std::process::Command::new("fusermount3").arg("-u").arg("-z").arg(&dir).status();
-        }
-    })
-    .await
 }
 
 #[cfg(test)]
