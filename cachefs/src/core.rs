@@ -565,6 +565,7 @@ impl FsCore {
         let name = path.rsplit('/').next().unwrap_or(path).to_string();
         let node =
             Node { name, kind: NodeKind::File, size: 0, version: String::new(), mtime: SystemTime::now(), posix: None };
+        self.keeper.note_write(path, &node);
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(path.to_string(), node.clone());
         self.set_node(ino, path, node);
         Ok(staged)
@@ -793,7 +794,7 @@ impl FsCore {
             index += 1;
         }
         self.keeper.request_whole(&i.path, &i.node);
-        self.keeper.keep_newest(&i.path, &i.node).await;
+        self.keeper.keep_newest(&i.path, &i.node, s.created).await;
     }
 
     pub async fn unlink(&self, parent: u64, name: &str) -> Result<(), FsError> {

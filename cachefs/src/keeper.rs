@@ -13,8 +13,8 @@ pub(crate) struct Keeper {
     pub cache: TieredCache,
     pub keep_newest_hot: bool,
     pub checkpoint_window: Duration,
-    /// When this mount first wrote into each directory, to tell checkpoint directories from
-    /// directories of checkpoints.
+    /// When this mount first began writing a file in each directory, to tell checkpoint
+    /// directories from directories of checkpoints.
     pub first_write: Mutex<HashMap<String, Instant>>,
     /// Orders the caching of a closed file's staged bytes before the move of those chunks to a
     /// new name, so a rename right after close finds them.
@@ -33,13 +33,23 @@ impl Keeper {
         }
     }
 
-    /// Pins a just-written file as the newest entry of its directory. If the directory is
-    /// itself one checkpoint (all written within the checkpoint window), the whole directory is
-    /// pinned as the newest entry of its parent instead of the previous one there, and the
-    /// older step directories' pins go. A directory written into over a longer time is a
-    /// directory of checkpoints and loses such a pin. A pin that does not fit is only logged:
-    /// the write itself has succeeded.
-    pub async fn keep_newest(&self, path: &str, node: &Node) {
+    /// A file under `path` is being written from now on. The time counts when it began, not
+    /// when its upload and caching were done, which a busy node may delay.
+    pub fn note_write(&self, path: &str, node: &Node) {
+        let key_path = self.ns.chunk_key(path, node, 0).path;
+        if let Some((key_dir, _)) = key_path.rsplit_once('/') {
+            let mut first = self.first_write.lock().unwrap_or_else(|p| p.into_inner());
+            first.entry(key_dir.to_string()).or_insert_with(Instant::now);
+        }
+    }
+
+    /// Pins a just-written file, begun at `written`, as the newest entry of its directory. If
+    /// the directory is itself one checkpoint (all begun within the checkpoint window), the
+    /// whole directory is pinned as the newest entry of its parent instead of the previous one
+    /// there, and the older step directories' pins go. A directory written into over a longer
+    /// time is a directory of checkpoints and loses such a pin. A pin that does not fit is only
+    /// logged: the write itself has succeeded.
+    pub async fn keep_newest(&self, path: &str, node: &Node, written: Instant) {
         if !self.keep_newest_hot {
             return;
         }
@@ -48,7 +58,9 @@ impl Keeper {
         let (key_dir, key_parent) = (key_dir.to_string(), key_dir.rsplit_once('/').map(|(p, _)| p.to_string()));
         let fresh = {
             let mut first = self.first_write.lock().unwrap_or_else(|p| p.into_inner());
-            first.entry(key_dir.clone()).or_insert_with(Instant::now).elapsed() < self.checkpoint_window
+            let began = first.entry(key_dir.clone()).or_insert(written);
+            *began = (*began).min(written);
+            written.saturating_duration_since(*began) < self.checkpoint_window
         };
         self.pin_newest(&key_dir, &format!("={key_path}")).await;
         let Some(parent) = key_parent else { return };
@@ -99,7 +111,7 @@ impl Keeper {
             stale.push(whole);
             let _ = self.cache.discard(stale).await;
         }
-        self.keep_newest(to, new).await;
+        self.keep_newest(to, new, Instant::now()).await;
         self.request_whole(to, new);
     }
 }

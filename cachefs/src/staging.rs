@@ -55,6 +55,8 @@ pub struct Staged {
     pub streamable: bool,
     /// The last publish failed and its caller reported it; cleared by the next change.
     pub failed: bool,
+    /// When the writer began this content.
+    pub created: std::time::Instant,
 }
 
 fn write_manifest(path: &Path, m: &Manifest) -> io::Result<()> {
@@ -80,6 +82,7 @@ impl Staged {
             stream: None,
             streamable: true,
             failed: false,
+            created: std::time::Instant::now(),
         };
         staged.record(false, None)?;
         Ok(staged)
