@@ -85,7 +85,8 @@ impl Fetcher for LayerFetcher {
             }
             let (extra, window) = read_around(&blob, &pieces, &path, &chunk);
             let end = extra.iter().map(|(_, c)| c.compressed_end).fold(chunk.compressed_end, u64::max);
-            let _in_flight = InFlight::begin(&blob, chunk.offset..end, false);
+            let in_flight = InFlight::begin(&blob, chunk.offset..end, false);
+            let chunk_offset = chunk.offset;
             let all = blob
                 .registry
                 .blob_range(&blob.image, &blob.digest, chunk.offset..end)
@@ -93,10 +94,15 @@ impl Fetcher for LayerFetcher {
                 .map_err(|e| Arc::new(ChunkFetchError::from(e)) as FetchError)?;
             blob.fetched.fetch_add(all.len() as u64, Ordering::Relaxed);
             let compressed = all.slice(..(chunk.compressed_end - chunk.offset) as usize);
-            // Cached before this read returns: the reader's next file is among them, and a
-            // miss on it now would fetch it again and break the walk.
+            // The chunks read around are cached in the background while this read returns; the
+            // range stays in flight until they all are, so the reader's next files wait for
+            // their own chunk there instead of fetching it again and breaking the walk.
             if !extra.is_empty() {
-                cache_around(blob.clone(), chunk.offset, all.clone(), extra).await;
+                let (blob, all) = (blob.clone(), all.clone());
+                tokio::spawn(async move {
+                    cache_around(blob, chunk_offset, all, extra).await;
+                    drop(in_flight);
+                });
             }
             if window >= MAX_WINDOW {
                 read_ahead(&blob, &pieces, end);
@@ -179,15 +185,23 @@ fn read_ahead(blob: &Arc<Blob>, pieces: &Pieces, from: u64) {
     });
 }
 
-/// If a fetch in flight covers `offset`, waits for it (and after a read ahead, starts the next
-/// one), and returns the chunk from the cache if it is there now.
+/// If a fetch in flight covers `offset`, waits until the chunk is cached or the fetch is over
+/// (and after a read ahead, starts the next one), and returns the chunk from the cache if it
+/// is there now.
 async fn from_in_flight(blob: &Arc<Blob>, pieces: &Pieces, key: &ChunkKey, offset: u64) -> Option<Bytes> {
     let (range, ahead, mut done) = blob.walk.lock().unwrap_or_else(|p| p.into_inner()).in_flight_over(offset)?;
-    let _ = done.wait_for(|d| *d).await;
+    let cache = blob.cache.get()?.clone();
+    let mut cached = blob.cached.subscribe();
+    while cache.location(key).is_none() && !*done.borrow_and_update() {
+        tokio::select! {
+            _ = done.changed() => {}
+            _ = cached.changed() => {}
+        }
+    }
     if ahead {
         read_ahead(blob, pieces, range.end);
     }
-    let (cache, key) = (blob.cache.get()?.clone(), key.clone());
+    let key = key.clone();
     tokio::task::spawn_blocking(move || cache.get_local_blocking(&key)).await.ok().flatten()
 }
 
@@ -195,28 +209,43 @@ async fn from_in_flight(blob: &Arc<Blob>, pieces: &Pieces, key: &ChunkKey, offse
 /// checked against its digest like any other, and one that fails is counted and left out.
 async fn cache_around(blob: Arc<Blob>, start: u64, all: Bytes, extra: Vec<(String, Chunk)>) {
     let Some(cache) = blob.cache.get().cloned() else { return };
-    let decoded = tokio::task::spawn_blocking(move || {
-        extra
-            .into_iter()
-            .map(|(path, c)| {
-                let slice = all.slice((c.offset - start) as usize..(c.compressed_end - start) as usize);
-                let data = estargz::decode_chunk(&path, &c, &slice);
-                (ChunkKey::digest(path, c.digest), data)
-            })
-            .collect::<Vec<_>>()
+    let _ = tokio::task::spawn_blocking(move || {
+        let pieces: Vec<&(String, Chunk)> = extra.iter().collect();
+        let _ = decode_and_cache(&blob, &cache, start, &all, &pieces);
     })
     .await;
-    for (key, data) in decoded.unwrap_or_default() {
-        match data {
+}
+
+/// Decodes each piece from `all` (compressed bytes from blob offset `start`), checks it against
+/// its digest, and stores it in the hot tier, telling waiting readers after each one. A piece
+/// that fails its check is counted, logged and left out; the first such failure is returned
+/// once the others are in. Runs on a blocking thread: decoding and storing are CPU and disk
+/// work, and one thread per range keeps a range's pieces in order for the reader walking it.
+pub(crate) fn decode_and_cache(
+    blob: &Blob,
+    cache: &strata_tiering::TieredCache,
+    start: u64,
+    all: &[u8],
+    pieces: &[&(String, Chunk)],
+) -> Result<(), estargz::FormatError> {
+    let mut first_error = None;
+    for (path, c) in pieces {
+        let slice = &all[(c.offset - start) as usize..(c.compressed_end - start) as usize];
+        match estargz::decode_chunk(path, c, slice) {
             Ok(data) => {
-                if let Err(e) = cache.put(key, Bytes::from(data), strata_tiering::TierKind::Hot).await {
-                    tracing::debug!(error = %e, "a chunk read around was not cached");
+                let key = ChunkKey::digest(path.clone(), c.digest.clone());
+                // A full tier is not the layer's problem: the chunk is fetched again when read.
+                if let Err(e) = cache.put_blocking(&key, &data, strata_tiering::TierKind::Hot) {
+                    tracing::debug!(error = %e, "a fetched chunk was not cached");
                 }
+                blob.cached.send_modify(|n| *n += 1);
             }
             Err(e) => {
                 blob.rejects.layer_chunk_rejects.inc();
                 tracing::error!(layer = %blob.digest, error = %e, "a chunk from the registry failed verification");
+                first_error.get_or_insert(e);
             }
         }
     }
+    first_error.map_or(Ok(()), Err)
 }

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use strata_tiering::{ChunkKey, TierKind, TieredCache};
+use strata_tiering::{ChunkKey, TieredCache};
 use tokio::sync::watch;
 
 /// Compressed bytes one background request covers at most.
@@ -180,18 +180,15 @@ async fn fetch_group(
     let start = first.1.offset;
     let bytes = blob.registry.blob_range(&blob.image, &blob.digest, start..end).await?;
     blob.fetched.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-    for piece in missing {
-        let (path, c) = piece;
-        let slice = bytes.slice((c.offset - start) as usize..(c.compressed_end - start) as usize);
-        let (p, chunk) = (path.clone(), c.clone());
-        let data = tokio::task::spawn_blocking(move || estargz::decode_chunk(&p, &chunk, &slice))
-            .await
-            .map_err(|e| estargz::FormatError::TocMember(e.to_string()))??;
-        // A full tier is not the layer's problem: the chunk is fetched again when read.
-        if let Err(e) = cache.put(key(piece), data.into(), TierKind::Hot).await {
-            tracing::debug!(error = %e, "a filled chunk was not cached");
-        }
-        progress.chunks_cached.fetch_add(1, Ordering::Relaxed);
-    }
+    let count = missing.len() as u64;
+    let owned: Vec<(String, Chunk)> = missing.into_iter().cloned().collect();
+    let (b, c) = (blob.clone(), cache.clone());
+    tokio::task::spawn_blocking(move || {
+        let pieces: Vec<&(String, Chunk)> = owned.iter().collect();
+        crate::fetch::decode_and_cache(&b, &c, start, &bytes, &pieces)
+    })
+    .await
+    .map_err(|e| estargz::FormatError::TocMember(e.to_string()))??;
+    progress.chunks_cached.fetch_add(count, Ordering::Relaxed);
     Ok(())
 }

@@ -55,6 +55,9 @@ pub struct Blob {
     pub cache: std::sync::OnceLock<strata_tiering::TieredCache>,
     /// Files opened through the layer's mount, for `strata convert --record`.
     pub opened: crate::record::Opened,
+    /// Bumped each time read-around, read-ahead or fill caches a chunk, so a reader waiting on
+    /// a range in flight goes on as soon as its own chunk is in, not when the whole range is.
+    pub cached: tokio::sync::watch::Sender<u64>,
 }
 
 impl Blob {
@@ -71,6 +74,7 @@ impl Blob {
             walk: Default::default(),
             cache: Default::default(),
             opened: Default::default(),
+            cached: tokio::sync::watch::Sender::new(0),
         }
     }
 

@@ -241,6 +241,11 @@ impl TieredCache {
         self.core.lookup(key, &key.id()).map(|h| h.bytes)
     }
 
+    /// Stores a chunk from a blocking context (a decoding worker), as [`TieredCache::put`] does.
+    pub fn put_blocking(&self, key: &ChunkKey, data: &[u8], tier: TierKind) -> Result<TierKind, CacheError> {
+        self.core.store_anywhere(key, data, tier)
+    }
+
     /// Which tier holds a chunk, if any.
     pub fn location(&self, key: &ChunkKey) -> Option<TierKind> {
         self.core.lock().entries.get(&key.id()).map(|e| e.tier)

@@ -414,6 +414,11 @@ impl Core {
     pub fn store(&self, key: &ChunkKey, data: &[u8], tier: TierKind) -> Result<(), CacheError> {
         let t = self.tier(tier)?;
         let id = key.id();
+        // Chunks are keyed by content, so a copy already in this tier is these bytes: a fetch
+        // that found them cached by a read-around must not write them again.
+        if self.lock().entries.get(&id).is_some_and(|e| e.tier == tier) {
+            return Ok(());
+        }
         let disk = chunkfile::encoded_len(key, data.len() as u64);
         let reservation = self.reserve(tier, disk)?;
         let (tmp, len) = t.write_tmp(&id, key, data).map_err(|e| {
