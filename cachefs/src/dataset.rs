@@ -111,6 +111,7 @@ pub async fn mount_dataset(
         allow_other: spec.allow_other,
         read_ahead_kb: 4096,
         dev_suid: false,
+        immutable: false,
     };
     let path = spec.path.clone();
     let rt = tokio::runtime::Handle::current();

@@ -9,6 +9,7 @@ pub mod core;
 pub mod dataset;
 pub mod fuse;
 pub mod guard;
+mod implicit;
 mod keeper;
 pub mod mount;
 pub mod namespace;

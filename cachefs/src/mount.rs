@@ -31,6 +31,9 @@ pub struct MountOptions {
     /// Honour device nodes and setuid bits, as an image layer under an overlay must; a
     /// dataset mount turns both off.
     pub dev_suid: bool,
+    /// The tree and its files never change for the life of the mount (an image layer): the
+    /// kernel then sends no opens or flushes, and caches directory listings.
+    pub immutable: bool,
 }
 
 /// Mounts `core` at `mountpoint`; the mount lives as long as the returned session. A crashed
@@ -69,12 +72,14 @@ pub fn mount(
     } else {
         config.acl = SessionACL::RootAndOwner;
     }
-    if !core.writable() {
+    let writable = core.writable();
+    if !writable {
         config.mount_options.push(MountOption::RO);
     }
     config.n_threads = Some(opts.threads.max(1));
     config.clone_fd = opts.threads > 1;
     let fs = StrataFs::new(core, rt, opts.ttl, current_uid(), current_gid());
+    let fs = if opts.immutable && !writable { fs.without_opens() } else { fs };
     let session = fuser::spawn_mount(fs, mountpoint, &config)
         .map_err(|source| MountError::Fuse { path: path.clone(), source })?;
     crate::guard::watch(mountpoint);

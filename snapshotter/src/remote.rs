@@ -193,6 +193,7 @@ pub async fn mount_layer(
         allow_other: true,
         read_ahead_kb: 4096,
         dev_suid: true,
+        immutable: true,
     };
     strata_cachefs::mount_namespace(Arc::new(ns), cache, path, fs, mount)
         .await
