@@ -282,6 +282,11 @@ fn an_estargz_image_pulls_lazily_and_runs() {
     for d in &layers {
         assert_eq!(whole_downloads(mark, d), 0, "layer {d} was read in ranges only");
     }
+    // Layers never change, so their mounts take no open or close: the container read its files
+    // without one open reaching the daemon.
+    let metrics = node.daemon.metrics_text();
+    let opens: Vec<&str> = metrics.lines().filter(|l| l.starts_with("strata_fs_opens_total")).collect();
+    assert!(opens.iter().all(|l| l.ends_with(" 0")), "{opens:?}");
     assert!(mounts_before <= lazy_mounts().len());
 
     // `strata image layers`: both lazy; the background fill brings every chunk in, and each
