@@ -127,6 +127,12 @@ impl Fetcher for LayerFetcher {
 fn read_around(blob: &Blob, pieces: &Pieces, path: &str, chunk: &Chunk) -> (Vec<(String, Chunk)>, u64) {
     let Some(cache) = blob.cache.get() else { return (Vec::new(), 0) };
     let mut walk = blob.walk.lock().unwrap_or_else(|p| p.into_inner());
+    let from = walk.frontier();
+    if readaround::skipped_only(pieces, from, chunk.offset, |p| {
+        cached(cache, p) || walk.overlaps(&(p.1.offset..p.1.compressed_end))
+    }) {
+        walk.reached(chunk.offset);
+    }
     let window = walk.read(chunk.offset, chunk.compressed_end);
     if window == 0 {
         return (Vec::new(), 0);

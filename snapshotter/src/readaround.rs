@@ -97,6 +97,28 @@ pub fn following(
     &pieces[start..end]
 }
 
+/// The pieces wholly between compressed offsets `from` and `to`, in blob order.
+pub fn between(pieces: &[(String, Chunk)], from: u64, to: u64) -> &[(String, Chunk)] {
+    let start = pieces.partition_point(|(_, c)| c.offset < from);
+    let end = start + pieces[start..].partition_point(|(_, c)| c.compressed_end <= to);
+    &pieces[start..end]
+}
+
+/// Whether a read at `offset` past a gap still continues the walk that got to `from`: the
+/// reader only skipped chunks that were already there (a prefetched region, files an earlier
+/// container read), which it had no need to fetch.
+pub fn skipped_only(
+    pieces: &[(String, Chunk)],
+    from: u64,
+    offset: u64,
+    there: impl Fn(&(String, Chunk)) -> bool,
+) -> bool {
+    from > 0 && offset > from && {
+        let skipped = between(pieces, from, offset);
+        !skipped.is_empty() && skipped.iter().all(there)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,6 +155,17 @@ mod tests {
         let got = following(&pieces, 200, 10_000, |p| p.1.offset == 400);
         assert_eq!(got.len(), 2);
         assert!(following(&pieces, 1000, 10_000, |_| false).is_empty());
+    }
+
+    #[test]
+    fn skipping_only_chunks_already_there_continues_a_walk() {
+        let pieces: Vec<_> = (0..10).map(|i| piece(i * 100_000, (i + 1) * 100_000)).collect();
+        assert_eq!(between(&pieces, 200_000, 500_000).len(), 3);
+        let cached = |p: &(String, Chunk)| (200_000..500_000).contains(&p.1.offset);
+        assert!(skipped_only(&pieces, 200_000, 500_000, cached));
+        assert!(!skipped_only(&pieces, 200_000, 600_000, cached), "the piece at 500000 was not there");
+        assert!(!skipped_only(&pieces, 0, 500_000, |_| true), "no walk yet");
+        assert!(!skipped_only(&pieces, 500_000, 200_000, |_| true), "backwards");
     }
 
     #[test]
