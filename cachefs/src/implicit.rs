@@ -48,6 +48,14 @@ impl Implicit {
         s.by_ino.insert(ino, (fh, tick));
         Ok((fh, evicted))
     }
+
+    /// Drops `ino`'s handle if it is still `fh` (which turned out to be released).
+    pub fn forget(&self, ino: u64, fh: u64) {
+        let mut s = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if s.by_ino.get(&ino).is_some_and(|(held, _)| *held == fh) {
+            s.by_ino.remove(&ino);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -69,5 +77,9 @@ mod tests {
         assert_eq!(h.handle(2, &mut open).unwrap(), (14, Some(11)));
         assert!(h.handle(4, || Err(FsError::NotFound)).is_err());
         assert_eq!(h.handle(3, &mut open).unwrap(), (13, None), "a failed open changes nothing");
+        h.forget(3, 99);
+        assert_eq!(h.handle(3, &mut open).unwrap(), (13, None), "only the handle named is forgotten");
+        h.forget(3, 13);
+        assert_eq!(h.handle(3, &mut open).unwrap(), (15, None), "a forgotten handle is made anew");
     }
 }
