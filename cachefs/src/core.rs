@@ -686,13 +686,7 @@ impl FsCore {
                     .map_err(|source| FsError::Publish { path: path.clone(), source }),
             },
         };
-        let node = match outcome {
-            Ok(node) => node,
-            Err(e) => {
-                s.failed = true;
-                return Err(e);
-            }
-        };
+        let node = outcome.inspect_err(|_| s.failed = true)?;
         s.dirty = false;
         // Whatever stopped an upload while writing applied to that content; later writes may
         // stream again.

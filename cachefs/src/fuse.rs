@@ -363,27 +363,7 @@ impl Filesystem for StrataFs {
             async move {
                 let result = match &implicit {
                     None => core.read(fh.0, offset, size).await,
-                    Some(handles) => {
-                        // A handle pushed out by reads of many other files meanwhile is gone:
-                        // the second try makes a new one.
-                        let mut tries = 0;
-                        loop {
-                            tries += 1;
-                            let fh = match handles.handle(ino.0, || core.open(ino.0, false, false)) {
-                                Ok((fh, evicted)) => {
-                                    if let Some(old) = evicted {
-                                        let _ = core.release(old).await;
-                                    }
-                                    fh
-                                }
-                                Err(e) => break Err(e),
-                            };
-                            match core.read(fh, offset, size).await {
-                                Err(FsError::BadHandle) if tries < 2 => handles.forget(ino.0, fh),
-                                other => break other,
-                            }
-                        }
-                    }
+                    Some(handles) => handles.read(&core, ino.0, offset, size).await,
                 };
                 match result {
                     Ok(b) => reply.data(&b),

@@ -8,7 +8,7 @@
 //! ECONNABORTED when the connection is torn down, and the helper leaves the dead mount behind.
 //! The guard keeps asking until the answer is final, so no dead mount stays.
 
-use nix::errno::Errno;
+use crate::mount::Probe;
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::io::{BufRead, Write};
@@ -98,7 +98,7 @@ pub fn run() -> std::process::ExitCode {
         // A thread each: an open of a mount whose connection somebody else keeps alive would
         // wait for ever, and must not hold up the others.
         std::thread::spawn(move || {
-            detach_if_dead(&path, deadline);
+            detach_when_dead(&path, deadline);
             let _ = tx.send(());
         });
     }
@@ -110,23 +110,17 @@ pub fn run() -> std::process::ExitCode {
     std::process::ExitCode::SUCCESS
 }
 
-/// Detaches `path` once opening it says its FUSE connection is gone. An open that succeeds
-/// means the mount is alive (or was unmounted, leaving the directory): it is left alone.
-fn detach_if_dead(path: &Path, deadline: Instant) {
+/// Detaches `path` once opening it says its FUSE connection is gone, asking again while the
+/// connection is being torn down. A live mount, or a directory already unmounted, is left alone.
+fn detach_when_dead(path: &Path, deadline: Instant) {
     while Instant::now() < deadline {
-        match std::fs::File::open(path) {
-            Ok(_) => return,
-            Err(e) if e.raw_os_error() == Some(Errno::ENOTCONN as i32) => {
-                if crate::mount::detach(path).is_ok() {
-                    eprintln!("strata mount guard: detached {}, left mounted by a process that died", path.display());
-                }
+        match crate::mount::detach_if_dead(path) {
+            Probe::TearingDown => std::thread::sleep(Duration::from_millis(50)),
+            Probe::Detached => {
+                eprintln!("strata mount guard: detached {}, left mounted by a process that died", path.display());
                 return;
             }
-            // The connection is being torn down as we ask; the next open gives the final answer.
-            Err(e) if e.raw_os_error() == Some(Errno::ECONNABORTED as i32) => {
-                std::thread::sleep(Duration::from_millis(50))
-            }
-            Err(_) => return,
+            Probe::LeftAlone => return,
         }
     }
 }

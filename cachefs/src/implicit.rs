@@ -6,7 +6,8 @@
 //! read of a file makes one, shared by its readers, and the least recently used go once more
 //! than a few are held.
 
-use crate::core::FsError;
+use crate::core::{FsCore, FsError};
+use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -47,6 +48,23 @@ impl Implicit {
         };
         s.by_ino.insert(ino, (fh, tick));
         Ok((fh, evicted))
+    }
+
+    /// Reads `ino` through its shared handle. A handle pushed out by reads of many other files
+    /// between taking it and reading with it is gone; the second try makes a new one.
+    pub async fn read(&self, core: &FsCore, ino: u64, offset: u64, size: u32) -> Result<Bytes, FsError> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let (fh, evicted) = self.handle(ino, || core.open(ino, false, false))?;
+            if let Some(old) = evicted {
+                let _ = core.release(old).await;
+            }
+            match core.read(fh, offset, size).await {
+                Err(FsError::BadHandle) if tries < 2 => self.forget(ino, fh),
+                other => return other,
+            }
+        }
     }
 
     /// Drops `ino`'s handle if it is still `fh` (which turned out to be released).

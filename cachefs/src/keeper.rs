@@ -36,11 +36,19 @@ impl Keeper {
     /// A file under `path` is being written from now on. The time counts when it began, not
     /// when its upload and caching were done, which a busy node may delay.
     pub fn note_write(&self, path: &str, node: &Node) {
-        let key_path = self.ns.chunk_key(path, node, 0).path;
-        if let Some((key_dir, _)) = key_path.rsplit_once('/') {
+        if let Some((_, key_dir)) = self.key_dir(path, node) {
             let mut first = self.first_write.lock().unwrap_or_else(|p| p.into_inner());
-            first.entry(key_dir.to_string()).or_insert_with(Instant::now);
+            first.entry(key_dir).or_insert_with(Instant::now);
         }
+    }
+
+    /// The file's key path and the directory part of it, which pins and checkpoint windows
+    /// are kept by.
+    fn key_dir(&self, path: &str, node: &Node) -> Option<(String, String)> {
+        let key_path = self.ns.chunk_key(path, node, 0).path;
+        let (dir, _) = key_path.rsplit_once('/')?;
+        let dir = dir.to_string();
+        Some((key_path, dir))
     }
 
     /// Pins a just-written file, begun at `written`, as the newest entry of its directory. If
@@ -53,9 +61,8 @@ impl Keeper {
         if !self.keep_newest_hot {
             return;
         }
-        let key_path = self.ns.chunk_key(path, node, 0).path;
-        let Some((key_dir, _)) = key_path.rsplit_once('/') else { return };
-        let (key_dir, key_parent) = (key_dir.to_string(), key_dir.rsplit_once('/').map(|(p, _)| p.to_string()));
+        let Some((key_path, key_dir)) = self.key_dir(path, node) else { return };
+        let key_parent = key_dir.rsplit_once('/').map(|(p, _)| p.to_string());
         let fresh = {
             let mut first = self.first_write.lock().unwrap_or_else(|p| p.into_inner());
             let began = first.entry(key_dir.clone()).or_insert(written);

@@ -45,11 +45,9 @@ pub fn mount(
     opts: &MountOptions,
 ) -> Result<BackgroundSession, MountError> {
     let path = mountpoint.display().to_string();
-    // A mount left by a process that died, and that nothing detached. Only an open asks the
-    // dead connection: a stat may be answered from attributes the kernel still caches.
-    if std::fs::File::open(mountpoint).is_err_and(|e| e.raw_os_error() == Some(nix::errno::Errno::ENOTCONN as i32)) {
+    // A mount left by a process that died, and that nothing detached.
+    if detach_if_dead(mountpoint) == Probe::Detached {
         warn!(mountpoint = %path, "detaching a dead mount left here before mounting again");
-        let _ = detach(mountpoint);
     }
     let meta = std::fs::metadata(mountpoint)
         .map_err(|e| MountError::MountPoint { path: path.clone(), message: e.to_string() })?;
@@ -117,10 +115,33 @@ pub fn unmount(session: BackgroundSession, mountpoint: &Path, wait: std::time::D
     }
 }
 
-/// Lazily unmounts `path`, as `fusermount3 -u -z` does.
-pub(crate) fn detach(path: &Path) -> nix::Result<()> {
+/// What [`detach_if_dead`] found at a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Probe {
+    /// A dead FUSE mount, now detached.
+    Detached,
+    /// Its connection is being torn down as we ask: ask again shortly for the final answer.
+    TearingDown,
+    /// A live mount, a plain directory, or something else that is not ours to detach.
+    LeftAlone,
+}
+
+/// Detaches `path` (lazily, as `fusermount3 -u -z` does) if it is a FUSE mount whose
+/// connection is gone. Only an open asks the connection: a stat may be answered from
+/// attributes the kernel still caches.
+pub(crate) fn detach_if_dead(path: &Path) -> Probe {
+    use nix::errno::Errno;
     use nix::mount::MntFlags;
-    nix::mount::umount2(path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW)
+    match std::fs::File::open(path).map_err(|e| e.raw_os_error()) {
+        Err(Some(e)) if e == Errno::ENOTCONN as i32 => {
+            match nix::mount::umount2(path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
+                Ok(()) => Probe::Detached,
+                Err(_) => Probe::LeftAlone,
+            }
+        }
+        Err(Some(e)) if e == Errno::ECONNABORTED as i32 => Probe::TearingDown,
+        _ => Probe::LeftAlone,
+    }
 }
 
 /// The kernel reads ahead only 128 KiB on a FUSE mount unless the mount's BDI says otherwise.

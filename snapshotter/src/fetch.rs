@@ -215,11 +215,7 @@ async fn from_in_flight(blob: &Arc<Blob>, pieces: &Pieces, key: &ChunkKey, offse
 /// checked against its digest like any other, and one that fails is counted and left out.
 async fn cache_around(blob: Arc<Blob>, start: u64, all: Bytes, extra: Vec<(String, Chunk)>) {
     let Some(cache) = blob.cache.get().cloned() else { return };
-    let _ = tokio::task::spawn_blocking(move || {
-        let pieces: Vec<&(String, Chunk)> = extra.iter().collect();
-        let _ = decode_and_cache(&blob, &cache, start, &all, &pieces);
-    })
-    .await;
+    let _ = tokio::task::spawn_blocking(move || decode_and_cache(&blob, &cache, start, &all, &extra)).await;
 }
 
 /// Decodes each piece from `all` (compressed bytes from blob offset `start`), checks it against
@@ -232,7 +228,7 @@ pub(crate) fn decode_and_cache(
     cache: &strata_tiering::TieredCache,
     start: u64,
     all: &[u8],
-    pieces: &[&(String, Chunk)],
+    pieces: &[(String, Chunk)],
 ) -> Result<(), estargz::FormatError> {
     let mut first_error = None;
     for (path, c) in pieces {

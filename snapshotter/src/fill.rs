@@ -181,14 +181,11 @@ async fn fetch_group(
     let bytes = blob.registry.blob_range(&blob.image, &blob.digest, start..end).await?;
     blob.fetched.fetch_add(bytes.len() as u64, Ordering::Relaxed);
     let count = missing.len() as u64;
-    let owned: Vec<(String, Chunk)> = missing.into_iter().cloned().collect();
+    let missing: Vec<(String, Chunk)> = missing.into_iter().cloned().collect();
     let (b, c) = (blob.clone(), cache.clone());
-    tokio::task::spawn_blocking(move || {
-        let pieces: Vec<&(String, Chunk)> = owned.iter().collect();
-        crate::fetch::decode_and_cache(&b, &c, start, &bytes, &pieces)
-    })
-    .await
-    .map_err(|e| estargz::FormatError::TocMember(e.to_string()))??;
+    tokio::task::spawn_blocking(move || crate::fetch::decode_and_cache(&b, &c, start, &bytes, &missing))
+        .await
+        .map_err(|e| estargz::FormatError::TocMember(e.to_string()))??;
     progress.chunks_cached.fetch_add(count, Ordering::Relaxed);
     Ok(())
 }

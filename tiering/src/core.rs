@@ -414,8 +414,9 @@ impl Core {
     pub fn store(&self, key: &ChunkKey, data: &[u8], tier: TierKind) -> Result<(), CacheError> {
         let t = self.tier(tier)?;
         let id = key.id();
-        // Chunks are keyed by content, so a copy already in this tier is these bytes: a fetch
-        // that found them cached by a read-around must not write them again.
+        // A key names one content (a digest, or a chunk of one object version), so a copy
+        // already in this tier is these bytes: a fetch that found them cached by a read-around
+        // must not write them again.
         if self.lock().entries.get(&id).is_some_and(|e| e.tier == tier) {
             return Ok(());
         }
