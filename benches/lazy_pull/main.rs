@@ -252,6 +252,7 @@ fn measure(mode: Mode, image: &str, proxy: &DelayProxy, run: usize) -> Sample {
     Command::new("sync").status().unwrap();
     std::fs::write("/proc/sys/vm/drop_caches", "3").expect("dropping the page cache needs root");
     let (sent0, t0) = (proxy.sent(), Instant::now());
+    proxy::trace(format_args!("{mode:?} pull of {image} starts"));
     let pulled = match mode {
         Mode::Lazy => containerd.ctr_remote(&["image", "rpull", "--plain-http", "--snapshotter", "strata", &reference]),
         Mode::Full => containerd.ctr(&["image", "pull", "--plain-http", &reference]),
@@ -260,6 +261,7 @@ fn measure(mode: Mode, image: &str, proxy: &DelayProxy, run: usize) -> Sample {
         fail("pull", &pulled);
     }
     let pull_time = t0.elapsed();
+    proxy::trace(format_args!("pull returned"));
     let mut child = Command::new("ctr")
         .arg("--address")
         .arg(&containerd.address)
@@ -273,11 +275,22 @@ fn measure(mode: Mode, image: &str, proxy: &DelayProxy, run: usize) -> Sample {
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let (first_output, bytes_before) = (t0.elapsed(), proxy.sent() - sent0);
+    proxy::trace(format_args!("first output"));
     let out = child.wait_with_output().unwrap();
     if line != "1\n" || !out.status.success() {
         fail(&format!("python3 printed {line:?}"), &out);
     }
 
+    if std::env::var_os("STRATA_BENCH_TRACE").is_some() {
+        // What a start costs once everything it reads is local: the runtime, not the pull.
+        let mut args = vec!["run", "--rm"];
+        args.extend_from_slice(snapshotter);
+        let name = format!("warm-{run}");
+        args.extend_from_slice(&[reference.as_str(), &name, "python3", "-c", "print(1)"]);
+        let warm = Instant::now();
+        let out = containerd.ctr(&args);
+        proxy::trace(format_args!("{mode:?}: a second start took {:?} ({})", warm.elapsed(), out.status));
+    }
     let mut args = vec!["run", "--rm"];
     args.extend_from_slice(snapshotter);
     let name = format!("all-{run}");
@@ -297,6 +310,9 @@ fn measure(mode: Mode, image: &str, proxy: &DelayProxy, run: usize) -> Sample {
         fail("reading every file again", &read);
     }
     let reread = again.elapsed();
+    if mode == Mode::Lazy && std::env::var_os("STRATA_BENCH_TRACE").is_some() {
+        eprintln!("--- strata daemon log ---\n{}", daemon.log());
+    }
     drop(containerd);
     drop(daemon);
     Sample { pulled: pull_time, first_output, bytes_before, all_read, reread }

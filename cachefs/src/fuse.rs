@@ -95,6 +95,11 @@ impl Filesystem for StrataFs {
         // O_TRUNC arrives with open, so a truncating open can start a rewrite at once.
         let _ = config.add_capabilities(fuser::InitFlags::FUSE_ATOMIC_O_TRUNC);
         let _ = config.set_max_write(1 << 20);
+        if self.implicit.is_some() {
+            // A tree that never changes: the kernel may keep symlink targets in its page cache
+            // instead of asking for each one at every path walk through the link.
+            let _ = config.add_capabilities(fuser::InitFlags::FUSE_CACHE_SYMLINKS);
+        }
         if self.core.passthrough_wanted() {
             // Depth 1: backing files sit on a plain filesystem, and this mount may itself be an
             // overlayfs lower layer (image layers are).
@@ -114,7 +119,7 @@ impl Filesystem for StrataFs {
         let core = self.core.clone();
         let ttl = self.ttl;
         let (uid, gid, w) = (self.uid, self.gid, self.core.writable());
-        self.rt.spawn(
+        self.answer(
             async move {
                 match core.lookup(parent.0, &name).await {
                     Ok(a) => reply.entry(&ttl.entry, &file_attr(&a, uid, gid, w), Generation(0)),
@@ -359,7 +364,7 @@ impl Filesystem for StrataFs {
     ) {
         let core = self.core.clone();
         let implicit = self.implicit.clone();
-        self.rt.spawn(
+        self.answer(
             async move {
                 let result = match &implicit {
                     None => core.read(fh.0, offset, size).await,
@@ -398,7 +403,7 @@ impl Filesystem for StrataFs {
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let core = self.core.clone();
-        self.rt.spawn(
+        self.answer(
             async move {
                 match core.readlink(ino.0).await {
                     Ok(target) => reply.data(target.as_bytes()),
@@ -412,7 +417,7 @@ impl Filesystem for StrataFs {
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let core = self.core.clone();
         let name = name.to_string_lossy().into_owned();
-        self.rt.spawn(
+        self.answer(
             async move {
                 match core.xattrs(ino.0).await {
                     Ok(x) => match x.get(&name) {
@@ -428,7 +433,7 @@ impl Filesystem for StrataFs {
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let core = self.core.clone();
-        self.rt.spawn(
+        self.answer(
             async move {
                 match core.xattrs(ino.0).await {
                     Ok(x) => {
@@ -460,7 +465,7 @@ impl Filesystem for StrataFs {
 
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let core = self.core.clone();
-        self.rt.spawn(
+        self.answer(
             async move {
                 match core.readdir(ino.0).await {
                     Ok(entries) => {
@@ -487,6 +492,20 @@ const O_TRUNC: i32 = 0o1000;
 const O_APPEND: i32 = 0o2000;
 
 impl StrataFs {
+    /// Runs the answer to a request on this thread when it needs nothing to wait for (a tree
+    /// in memory, a chunk in the page cache), and on the runtime otherwise. Handing every
+    /// request to the runtime costs a thread wake-up, which a container start pays hundreds of
+    /// times over: overlayfs asks a lower layer for each name, its xattrs and its links.
+    fn answer(&self, answer: impl std::future::Future<Output = ()> + Send + 'static) {
+        let _runtime = self.rt.enter();
+        let mut answer = Box::pin(answer);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if answer.as_mut().poll(&mut cx).is_pending() {
+            // The runtime polls it again, with a waker that counts.
+            self.rt.spawn(answer);
+        }
+    }
+
     /// flush and fsync: publish what was written, and report any failure to the caller.
     fn finish(&self, op: &'static str, fh: FileHandle, reply: ReplyEmpty) {
         let core = self.core.clone();

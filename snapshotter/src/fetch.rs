@@ -16,14 +16,14 @@ type Pieces = Arc<Vec<(String, Chunk)>>;
 
 /// A range being fetched, recorded until it is done (fetched and its extra chunks cached, or
 /// failed), so that reads of chunks inside it wait rather than fetch them again.
-struct InFlight {
+pub(crate) struct InFlight {
     blob: Arc<Blob>,
     range: std::ops::Range<u64>,
     done: tokio::sync::watch::Sender<bool>,
 }
 
 impl InFlight {
-    fn begin(blob: &Arc<Blob>, range: std::ops::Range<u64>, ahead: bool) -> Option<InFlight> {
+    pub(crate) fn begin(blob: &Arc<Blob>, range: std::ops::Range<u64>, ahead: bool) -> Option<InFlight> {
         let done = blob.walk.lock().unwrap_or_else(|p| p.into_inner()).begin(range.clone(), ahead)?;
         Some(InFlight { blob: blob.clone(), range, done })
     }
@@ -86,21 +86,33 @@ impl Fetcher for LayerFetcher {
             let (extra, window) = read_around(&blob, &pieces, &path, &chunk);
             let end = extra.iter().map(|(_, c)| c.compressed_end).fold(chunk.compressed_end, u64::max);
             let in_flight = InFlight::begin(&blob, chunk.offset..end, false);
-            let chunk_offset = chunk.offset;
-            let all = blob
+            let registry_err = |e| Arc::new(ChunkFetchError::from(e)) as FetchError;
+            let mut stream = blob
                 .registry
-                .blob_range(&blob.image, &blob.digest, chunk.offset..end)
+                .blob_range_stream(&blob.image, &blob.digest, chunk.offset..end)
                 .await
-                .map_err(|e| Arc::new(ChunkFetchError::from(e)) as FetchError)?;
-            blob.fetched.fetch_add(all.len() as u64, Ordering::Relaxed);
-            let compressed = all.slice(..(chunk.compressed_end - chunk.offset) as usize);
-            // The chunks read around are cached in the background while this read returns; the
+                .map_err(registry_err)?;
+            // The reader's own chunk comes first in the range: it returns as soon as that is
+            // in, not when the whole window is.
+            let own = (chunk.compressed_end - chunk.offset) as usize;
+            let mut buf = bytes::BytesMut::new();
+            while buf.len() < own {
+                let Some(data) = stream.next().await.map_err(registry_err)? else { break };
+                blob.fetched.fetch_add(data.len() as u64, Ordering::Relaxed);
+                buf.extend_from_slice(&data);
+            }
+            let compressed = buf.split_to(own.min(buf.len())).freeze();
+            // The chunks read around are cached as they arrive, while this read returns; the
             // range stays in flight until they all are, so the reader's next files wait for
             // their own chunk there instead of fetching it again and breaking the walk.
-            if !extra.is_empty() {
-                let (blob, all) = (blob.clone(), all.clone());
+            if !extra.is_empty()
+                && let Some(cache) = blob.cache.get().cloned()
+            {
+                let (blob, from) = (blob.clone(), chunk.compressed_end);
                 tokio::spawn(async move {
-                    cache_around(blob, chunk_offset, all, extra).await;
+                    if let Err(e) = cache_stream(&blob, &cache, stream, from, buf, extra, || {}).await {
+                        tracing::debug!(layer = %blob.digest, error = %e, "the chunks read around a read were not all cached");
+                    }
                     drop(in_flight);
                 });
             }
@@ -168,15 +180,12 @@ fn read_ahead(blob: &Arc<Blob>, pieces: &Pieces, from: u64) {
     let Some(in_flight) = InFlight::begin(blob, range.clone(), true) else { return };
     let blob = blob.clone();
     let pieces = pieces.clone();
+    let cache = cache.clone();
     tokio::spawn(async move {
-        let ok = match blob.registry.blob_range(&blob.image, &blob.digest, range.clone()).await {
-            Ok(all) => {
-                blob.fetched.fetch_add(all.len() as u64, Ordering::Relaxed);
-                // The link goes on with the next window while this one is decoded.
-                read_ahead(&blob, &pieces, range.end);
-                cache_around(blob.clone(), range.start, all, extra).await;
-                true
-            }
+        // The link goes on with the next window while the end of this one is decoded.
+        let next = || read_ahead(&blob, &pieces, range.end);
+        let ok = match stream_and_cache(&blob, &cache, range.clone(), extra, next).await {
+            Ok(()) => true,
             // The reads that wanted these chunks fetch them themselves; no retry here, so a
             // registry that is gone is not asked again and again.
             Err(e) => {
@@ -211,11 +220,94 @@ async fn from_in_flight(blob: &Arc<Blob>, pieces: &Pieces, key: &ChunkKey, offse
     tokio::task::spawn_blocking(move || cache.get_local_blocking(&key)).await.ok().flatten()
 }
 
-/// Decodes and caches the chunks read around a demand read; `all` starts at `start`. Each is
-/// checked against its digest like any other, and one that fails is counted and left out.
-async fn cache_around(blob: Arc<Blob>, start: u64, all: Bytes, extra: Vec<(String, Chunk)>) {
-    let Some(cache) = blob.cache.get().cloned() else { return };
-    let _ = tokio::task::spawn_blocking(move || decode_and_cache(&blob, &cache, start, &all, &extra)).await;
+/// Why a range's chunks were not all cached.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error(transparent)]
+    Registry(#[from] crate::registry::RegistryError),
+    #[error(transparent)]
+    Format(#[from] estargz::FormatError),
+    #[error("decoding a range: {0}")]
+    Task(String),
+}
+
+/// Fetches `range` of the blob and caches `pieces` (in blob order, each inside the range) as
+/// their bytes arrive: each is decoded, checked and cached once its last byte is in, while the
+/// rest of the range is still on the wire. `downloaded` runs once the last byte has come.
+pub(crate) async fn stream_and_cache(
+    blob: &Arc<Blob>,
+    cache: &strata_tiering::TieredCache,
+    range: std::ops::Range<u64>,
+    pieces: Vec<(String, Chunk)>,
+    downloaded: impl FnOnce(),
+) -> Result<(), StreamError> {
+    let stream = blob.registry.blob_range_stream(&blob.image, &blob.digest, range.clone()).await?;
+    cache_stream(blob, cache, stream, range.start, bytes::BytesMut::new(), pieces, downloaded).await
+}
+
+/// Hand-offs queued for the decoding thread at most: what bounds the memory of a range, however
+/// large, when the link is faster than decoding.
+const HANDOFFS_QUEUED: usize = 4;
+
+/// Reads the rest of `stream`, whose bytes from blob offset `start` on begin with `buf`, and
+/// hands each run of complete pieces to one blocking thread that decodes, checks and caches
+/// them in order.
+async fn cache_stream(
+    blob: &Arc<Blob>,
+    cache: &strata_tiering::TieredCache,
+    mut stream: crate::registry::client::RangeStream,
+    mut start: u64,
+    mut buf: bytes::BytesMut,
+    pieces: Vec<(String, Chunk)>,
+    downloaded: impl FnOnce(),
+) -> Result<(), StreamError> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, Bytes, Vec<(String, Chunk)>)>(HANDOFFS_QUEUED);
+    let (b, c) = (blob.clone(), cache.clone());
+    let decoder = tokio::task::spawn_blocking(move || {
+        let mut first_error = None;
+        while let Some((start, bytes, ready)) = rx.blocking_recv() {
+            if let Err(e) = decode_and_cache(&b, &c, start, &bytes, &ready) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    });
+    let mut pending = pieces.into_iter().peekable();
+    let received: Result<(), StreamError> = async {
+        let mut more = true;
+        while more {
+            match stream.next().await? {
+                Some(data) => {
+                    blob.fetched.fetch_add(data.len() as u64, Ordering::Relaxed);
+                    buf.extend_from_slice(&data);
+                }
+                None => more = false,
+            }
+            let have = start + buf.len() as u64;
+            // A piece whose bytes are behind us (overlapping an earlier one) is left to the
+            // reads that want it.
+            while pending.next_if(|(_, c)| c.offset < start).is_some() {}
+            let mut ready = Vec::new();
+            while let Some(piece) = pending.next_if(|(_, c)| c.compressed_end <= have) {
+                ready.push(piece);
+            }
+            let Some(cut) = ready.last().map(|(_, c)| (c.compressed_end - start) as usize) else { continue };
+            let bytes = buf.split_to(cut).freeze();
+            if tx.send((start, bytes, ready)).await.is_err() {
+                break; // the decoder stopped; its error says why
+            }
+            start += cut as u64;
+        }
+        Ok(())
+    }
+    .await;
+    if received.is_ok() {
+        downloaded();
+    }
+    drop(tx);
+    let decoded = decoder.await.map_err(|e| StreamError::Task(e.to_string()))?;
+    received?;
+    Ok(decoded?)
 }
 
 /// Decodes each piece from `all` (compressed bytes from blob offset `start`), checks it against
@@ -223,7 +315,7 @@ async fn cache_around(blob: Arc<Blob>, start: u64, all: Bytes, extra: Vec<(Strin
 /// that fails its check is counted, logged and left out; the first such failure is returned
 /// once the others are in. Runs on a blocking thread: decoding and storing are CPU and disk
 /// work, and one thread per range keeps a range's pieces in order for the reader walking it.
-pub(crate) fn decode_and_cache(
+fn decode_and_cache(
     blob: &Blob,
     cache: &strata_tiering::TieredCache,
     start: u64,

@@ -3,7 +3,8 @@
 //! ranges, always yielding to reads a container is waiting on. Every chunk is checked against
 //! its digest before it is cached, and chunks already cached are skipped.
 
-use crate::estargz::{self, Chunk, Landmark};
+use crate::estargz::{Chunk, Landmark};
+use crate::fetch::{InFlight, StreamError, stream_and_cache};
 use crate::layer::{Blob, LayerNamespace};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -139,31 +140,24 @@ async fn background_group(
     cache: &TieredCache,
     group: &[&(String, Chunk)],
     progress: &Progress,
-) -> Result<(), FillError> {
+) -> Result<(), StreamError> {
     while blob.demand.load(Ordering::Relaxed) > 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     fetch_group(blob, cache, group, progress).await
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum FillError {
-    #[error(transparent)]
-    Registry(#[from] crate::registry::RegistryError),
-    #[error(transparent)]
-    Format(#[from] estargz::FormatError),
-}
-
 /// Fetches the compressed range that covers `group` in one request, and caches each of its
-/// chunks that is not cached yet.
+/// chunks that is not cached yet as its bytes arrive. The range is in flight meanwhile, so a
+/// container read of one of its chunks waits for it rather than fetching it again.
 async fn fetch_group(
     blob: &Arc<Blob>,
     cache: &TieredCache,
     group: &[&(String, Chunk)],
     progress: &Progress,
-) -> Result<(), FillError> {
+) -> Result<(), StreamError> {
     let key = |(path, c): &(String, Chunk)| ChunkKey::digest(path.clone(), c.digest.clone());
-    let missing: Vec<&(String, Chunk)> = group
+    let missing: Vec<(String, Chunk)> = group
         .iter()
         .copied()
         .filter(|p| {
@@ -173,19 +167,15 @@ async fn fetch_group(
             }
             !cached
         })
+        .cloned()
         .collect();
     let (Some(first), Some(end)) = (missing.first(), missing.iter().map(|(_, c)| c.compressed_end).max()) else {
         return Ok(());
     };
-    let start = first.1.offset;
-    let bytes = blob.registry.blob_range(&blob.image, &blob.digest, start..end).await?;
-    blob.fetched.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    let range = first.1.offset..end;
     let count = missing.len() as u64;
-    let missing: Vec<(String, Chunk)> = missing.into_iter().cloned().collect();
-    let (b, c) = (blob.clone(), cache.clone());
-    tokio::task::spawn_blocking(move || crate::fetch::decode_and_cache(&b, &c, start, &bytes, &missing))
-        .await
-        .map_err(|e| estargz::FormatError::TocMember(e.to_string()))??;
+    let _in_flight = InFlight::begin(blob, range.clone(), false);
+    stream_and_cache(blob, cache, range, missing, || {}).await?;
     progress.chunks_cached.fetch_add(count, Ordering::Relaxed);
     Ok(())
 }

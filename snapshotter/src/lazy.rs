@@ -96,7 +96,6 @@ struct Live {
 /// What mounting a layer started.
 #[derive(Debug)]
 struct Started {
-    progress: Arc<Progress>,
     prefetch_bytes: Option<u64>,
     /// The TOC had been read ahead, while an earlier layer was prepared.
     toc_read_ahead: bool,
@@ -181,21 +180,17 @@ impl Lazy {
                         let mut commit_labels = labels;
                         commit_labels.insert(REMOTE_LABEL.into(), REMOTE_VALUE.into());
                         let done = self.commit(inner, key, &target, commit_labels, Some(id), "lazy").await?;
+                        // The prefetch goes on meanwhile: the pull is not held up by it, and a
+                        // container waits for it at its own Prepare (`wait_prefetch`), so the
+                        // prefetch overlaps the rest of the pull and the other layers' fetches.
                         tracing::info!(
                             layer = %src.digest,
                             image = %src.image,
                             snapshot = %target,
                             toc_read_ahead = started.toc_read_ahead,
+                            prefetch_bytes = started.prefetch_bytes,
                             "layer mounted lazily"
                         );
-                        // The container starts once what the image marked for start-up is
-                        // here, unless that is too much to wait for.
-                        if let Some((size, true)) =
-                            started.prefetch_bytes.map(|s| (s, s <= self.opts.prefetch_async_size))
-                            && !started.progress.prefetched(self.opts.prefetch_timeout).await
-                        {
-                            tracing::warn!(layer = %src.digest, bytes = size, "prefetch not done in time; the container starts anyway");
-                        }
                         return Ok(done);
                     }
                     Err(e) => e.to_string(),
@@ -305,6 +300,7 @@ impl Lazy {
         toc_digest: &str,
         snapshot: &str,
     ) -> Result<Started, RemoteError> {
+        let started = std::time::Instant::now();
         let (member, toc_read_ahead) = match self.take_ahead(&src.digest) {
             Some(read) => match read.await {
                 Ok(m) => (m, true),
@@ -317,19 +313,31 @@ impl Lazy {
                 (Arc::new(fetch_toc(&self.registry, &src.image, &src.digest, self.opts.max_toc_size).await?), false)
             }
         };
+        let toc_read = started.elapsed();
         let ns = build_layer(self.registry.clone(), &src.image, &src.digest, &member, toc_digest, &self.opts).await?;
+        let toc_checked = started.elapsed();
         let blob = ns.blob().clone();
         let prefetch_bytes = fill::prefetch_size(&ns);
         let progress = Arc::new(Progress::new(ns.piece_count() as u64));
-        let mounted = mount_layer(ns.clone(), self.cache.clone(), dir, &self.opts).await?;
+        // The prefetch request goes out before the mount is made: it is what a container will
+        // wait for, and the mount takes a few milliseconds of its own.
+        let _ = blob.cache.set(self.cache.clone());
         let background = self.opts.background_fetch.then_some(self.opts.background_quiet);
-        tokio::spawn(fill::fill(ns, self.cache.clone(), progress.clone(), background));
+        let filling = tokio::spawn(fill::fill(ns.clone(), self.cache.clone(), progress.clone(), background));
+        let mounted = match mount_layer(ns, self.cache.clone(), dir, &self.opts).await {
+            Ok(m) => m,
+            Err(e) => {
+                filling.abort();
+                return Err(e);
+            }
+        };
+        tracing::debug!(layer = %src.digest, ?toc_read, ?toc_checked, mounted = ?started.elapsed(), "layer mount steps");
         let live =
             Live { mount: mounted, snapshot: snapshot.to_owned(), blob, progress: progress.clone(), prefetch_bytes };
         if let Some(old) = self.mounts.lock().await.insert(id, live) {
             let _ = blocking(move || old.mount.unmount()).await;
         }
-        Ok(Started { progress, prefetch_bytes, toc_read_ahead })
+        Ok(Started { prefetch_bytes, toc_read_ahead })
     }
 
     /// Starts reading the TOCs of the layers after this one (from `cri.image-layers`, else
@@ -461,6 +469,42 @@ impl Lazy {
             tracing::info!(snapshot = %name, "remote layer mounted again");
         }
         Ok(())
+    }
+
+    /// Before a container starts on `key`'s layers, waits until what each lazy layer marked
+    /// for start-up (its prefetch region) is here: all layers at once, for at most
+    /// `prefetch_timeout`, and not for regions over `prefetch_async_size`. A region not in by
+    /// then is logged, and the container starts anyway, its reads fetching on demand.
+    pub async fn wait_prefetch(&self, inner: &Arc<Snapshotter>, key: &str) {
+        let chain = {
+            let (inner, key) = (inner.clone(), key.to_owned());
+            blocking(move || inner.chain(&key)).await
+        };
+        let waits: Vec<(String, u64, Arc<Progress>)> = {
+            let mounts = self.mounts.lock().await;
+            chain
+                .iter()
+                .filter_map(|(_, id, _)| mounts.get(id))
+                .filter_map(|l| {
+                    let size = l.prefetch_bytes.filter(|s| *s <= self.opts.prefetch_async_size)?;
+                    Some((l.blob.digest.clone(), size, l.progress.clone()))
+                })
+                .collect()
+        };
+        if waits.is_empty() {
+            return;
+        }
+        let started = std::time::Instant::now();
+        let limit = self.opts.prefetch_timeout;
+        let done = futures::future::join_all(waits.iter().map(|(_, _, p)| p.prefetched(limit))).await;
+        let waited = started.elapsed();
+        self.opts.metrics.prefetch_wait_seconds.0.observe(waited.as_secs_f64());
+        for ((layer, size, _), done) in waits.iter().zip(done) {
+            if !done {
+                tracing::warn!(layer = %layer, bytes = size, ?limit, "prefetch not done in time; the container starts anyway");
+            }
+        }
+        tracing::debug!(key, layers = waits.len(), ?waited, "waited for the prefetch of the container's layers");
     }
 
     async fn alive(&self, id: u64) -> bool {

@@ -203,6 +203,13 @@ impl proto::snapshots_server::Snapshots for SnapshotService {
         }
         if let Some(p) = &parent_key {
             self.ensure_chain("prepare", p).await?;
+            // A container's snapshot (not a layer containerd unpacks, which names its target):
+            // it starts once its layers' start-up bytes are here.
+            if let Some(lazy) = &self.lazy
+                && !labels.contains_key(lazy::TARGET_LABEL)
+            {
+                lazy.wait_prefetch(&self.inner, p).await;
+            }
         }
         let ms = self.call("prepare", &key, move |s| s.prepare(&r.key, parent_key.as_deref(), labels)).await?;
         Ok(Response::new(proto::PrepareSnapshotResponse { mounts: mounts(ms) }))

@@ -1,7 +1,8 @@
 //! A fault-injecting proxy in front of the test registry, for tests of what Strata does when a
 //! registry misbehaves: it can refuse requests for some paths (a registry gone mid-pull), or
 //! flip a byte in every ranged answer (a registry serving corrupt bytes), or cut blob answers
-//! short (a truncated blob), or refuse uploads after the first few (a push that fails part-way).
+//! short (a truncated blob), or refuse uploads after the first few (a push that fails part-way),
+//! or hold ranged answers back (a slow link), or ignore suffix ranges (an older server).
 //! One request per connection, so each answer can be changed whole; request bodies with a
 //! Content-Length are passed on.
 
@@ -23,6 +24,12 @@ pub enum Fault {
     /// Pass the first `after` requests whose request line contains `pattern`, then close the
     /// connection on the rest.
     RefuseAfter { pattern: String, after: usize },
+    /// Hold back the answer to every ranged request that names its first byte (`bytes=N-M`,
+    /// not a suffix `bytes=-N`) this long: a prefetch or a chunk read on a slow link.
+    DelayRanges(std::time::Duration),
+    /// Drop suffix ranges (`bytes=-N`) from requests, so the whole blob comes back with 200, as
+    /// from a server that does not know them.
+    NoSuffixRanges,
 }
 
 pub struct FaultyRegistry {
@@ -81,9 +88,11 @@ fn relay(mut client: TcpStream, upstream: &str, fault: &Mutex<Fault>) -> std::io
     {
         return Ok(()); // dropped: the client sees the connection closed
     }
+    let is_suffix_range = |l: &str| l.to_ascii_lowercase().replace(' ', "").starts_with("range:bytes=-");
     let mut rewritten: String = text
         .lines()
         .filter(|l| !l.is_empty() && !l.to_ascii_lowercase().starts_with("connection:"))
+        .filter(|l| now != Fault::NoSuffixRanges || !is_suffix_range(l))
         .map(|l| format!("{l}\r\n"))
         .collect();
     rewritten.push_str("Connection: close\r\n\r\n");
@@ -98,6 +107,14 @@ fn relay(mut client: TcpStream, upstream: &str, fault: &Mutex<Fault>) -> std::io
     up.write_all(&body)?;
     let mut answer = Vec::new();
     up.read_to_end(&mut answer)?;
+    if let Fault::DelayRanges(delay) = &now
+        && text.lines().any(|l| {
+            let l = l.to_ascii_lowercase().replace(' ', "");
+            l.strip_prefix("range:bytes=").is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
+        })
+    {
+        std::thread::sleep(*delay);
+    }
     if now == Fault::FlipRanges
         && answer.starts_with(b"HTTP/1.1 206")
         && let Some(at) = answer.windows(4).position(|w| w == b"\r\n\r\n")

@@ -31,6 +31,7 @@ pub const FS_PARTS_WHILE_WRITING: &str = "strata_fs_parts_sent_while_writing";
 pub const SNAPSHOT_REQUESTS: &str = "strata_snapshotter_requests";
 pub const SNAPSHOT_LAYERS: &str = "strata_snapshotter_layers";
 pub const LAYER_CHUNK_REJECTS: &str = "strata_snapshotter_chunks_rejected";
+pub const PREFETCH_WAIT_SECONDS: &str = "strata_snapshotter_prefetch_wait_seconds";
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TierLabel {
@@ -92,6 +93,8 @@ pub struct Metrics {
     pub snapshot_layers: Family<LayerLabel, Counter>,
     /// Chunks of lazy layers whose bytes did not decode to their TOC digest.
     pub layer_chunk_rejects: Counter,
+    /// How long container starts waited for their lazy layers' prefetch regions.
+    pub prefetch_wait_seconds: FetchHistogram,
     /// All evictions, whatever the tier and reason; for status output.
     pub evicted_chunks: Counter,
 }
@@ -165,6 +168,11 @@ impl Metrics {
             LAYER_CHUNK_REJECTS,
             "Chunks of lazy layers refused because the registry's bytes did not match their digest (served as EIO)",
             self.layer_chunk_rejects.clone(),
+        );
+        r.register(
+            PREFETCH_WAIT_SECONDS,
+            "How long a container's Prepare waited for the prefetch regions of its lazy layers",
+            self.prefetch_wait_seconds.0.clone(),
         );
     }
 }

@@ -205,13 +205,85 @@ impl Registry {
         })
     }
 
+    /// The last `len` bytes of blob `digest` (all of it, if it is shorter), and the blob's
+    /// size, in one round trip: a suffix range, whose answer names the size. A server that
+    /// will not answer a suffix range costs a HEAD and an ordinary range instead.
+    pub async fn blob_tail(&self, image: &ImageRef, digest: &str, len: u64) -> Result<(Bytes, u64), RegistryError> {
+        let header = format!("bytes=-{len}");
+        let mut resp = self
+            .send(image, &format!("/blobs/{digest}"), Method::GET, |r| r.header(RANGE, header.clone()), Need::Pull)
+            .await?;
+        let url = resp.url().to_string();
+        let size = match resp.status() {
+            StatusCode::PARTIAL_CONTENT => {
+                let content_range = resp.headers().get(CONTENT_RANGE).and_then(|v| v.to_str().ok()).unwrap_or("");
+                match parse_content_range(content_range) {
+                    Some((start, end, size)) if end + 1 == size && size - start <= len => Some(size),
+                    _ => {
+                        return Err(RegistryError::Blob {
+                            url,
+                            reason: format!("asked for the last {len} bytes and got Content-Range {content_range:?}"),
+                        });
+                    }
+                }
+            }
+            // The whole blob, shorter than what was asked for.
+            StatusCode::OK if resp.content_length().is_some_and(|n| n <= len) => resp.content_length(),
+            _ => None,
+        };
+        let Some(size) = size else {
+            drop(resp);
+            let size = self.blob_size(image, digest).await?;
+            let start = size.saturating_sub(len);
+            return Ok((self.blob_range(image, digest, start..size).await?, size));
+        };
+        let want = len.min(size);
+        let mut body = bytes::BytesMut::with_capacity(want as usize);
+        while let Some(chunk) = resp.chunk().await.map_err(|e| ended_early(&url, body.len() as u64, Some(want), &e))? {
+            if body.len() + chunk.len() > want as usize {
+                return Err(RegistryError::Range {
+                    url,
+                    start: size - want,
+                    end: size,
+                    got: format!("more than {want} bytes"),
+                });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        if body.len() as u64 != want {
+            return Err(RegistryError::Range {
+                url,
+                start: size - want,
+                end: size,
+                got: format!("{} bytes", body.len()),
+            });
+        }
+        Ok((body.freeze(), size))
+    }
+
     /// Bytes `range` of blob `digest`; exactly those bytes, or an error.
     pub async fn blob_range(&self, image: &ImageRef, digest: &str, range: Range<u64>) -> Result<Bytes, RegistryError> {
         if range.is_empty() {
             return Ok(Bytes::new());
         }
+        let mut body = bytes::BytesMut::with_capacity((range.end - range.start) as usize);
+        let mut stream = self.blob_range_stream(image, digest, range).await?;
+        while let Some(piece) = stream.next().await? {
+            body.extend_from_slice(&piece);
+        }
+        Ok(body.freeze())
+    }
+
+    /// Bytes `range` of blob `digest` (not empty) as they arrive: exactly those bytes, or an
+    /// error from [`RangeStream::next`].
+    pub async fn blob_range_stream(
+        &self,
+        image: &ImageRef,
+        digest: &str,
+        range: Range<u64>,
+    ) -> Result<RangeStream, RegistryError> {
         let header = format!("bytes={}-{}", range.start, range.end - 1);
-        let mut resp = self
+        let resp = self
             .send(image, &format!("/blobs/{digest}"), Method::GET, |r| r.header(RANGE, header.clone()), Need::Pull)
             .await?;
         let url = resp.url().to_string();
@@ -226,19 +298,7 @@ impl Registry {
         if !content_range.starts_with(&expected_prefix) {
             return Err(bad(format!("Content-Range {content_range:?}")));
         }
-        let want = range.end - range.start;
-        let mut body = bytes::BytesMut::with_capacity(want as usize);
-        while let Some(chunk) = resp.chunk().await.map_err(|e| ended_early(&url, body.len() as u64, Some(want), &e))? {
-            // Never hold more than was asked for, whatever the server sends.
-            if body.len() + chunk.len() > want as usize {
-                return Err(bad(format!("more than {want} bytes")));
-            }
-            body.extend_from_slice(&chunk);
-        }
-        if body.len() as u64 != want {
-            return Err(bad(format!("{} bytes", body.len())));
-        }
-        Ok(body.freeze())
+        Ok(RangeStream { resp, url, range, got: 0 })
     }
 
     /// Streams blob `digest` into `out`, checking that its bytes hash to the digest; returns
@@ -390,6 +450,47 @@ impl Registry {
     }
 }
 
+/// The body of a ranged read, as it arrives.
+#[derive(Debug)]
+pub struct RangeStream {
+    resp: reqwest::Response,
+    url: String,
+    range: Range<u64>,
+    got: u64,
+}
+
+impl RangeStream {
+    /// The next bytes of the range, or `None` once all of it has come. A body that ends short
+    /// or runs long is an error: never more than was asked for is held, whatever the server
+    /// sends.
+    pub async fn next(&mut self) -> Result<Option<Bytes>, RegistryError> {
+        let want = self.range.end - self.range.start;
+        let bad = |got: String| RegistryError::Range {
+            url: self.url.clone(),
+            start: self.range.start,
+            end: self.range.end,
+            got,
+        };
+        match self.resp.chunk().await.map_err(|e| ended_early(&self.url, self.got, Some(want), &e))? {
+            Some(piece) if self.got + piece.len() as u64 > want => Err(bad(format!("more than {want} bytes"))),
+            Some(piece) => {
+                self.got += piece.len() as u64;
+                Ok(Some(piece))
+            }
+            None if self.got != want => Err(bad(format!("{} bytes", self.got))),
+            None => Ok(None),
+        }
+    }
+}
+
+/// `bytes START-END/SIZE`, as numbers.
+fn parse_content_range(value: &str) -> Option<(u64, u64, u64)> {
+    let (range, size) = value.strip_prefix("bytes ")?.split_once('/')?;
+    let (start, end) = range.split_once('-')?;
+    let (start, end, size) = (start.parse().ok()?, end.parse().ok()?, size.parse().ok()?);
+    (start <= end && end < size).then_some((start, end, size))
+}
+
 /// A body that broke off: how far it got, and the transport's own reason with its causes, which
 /// reqwest's top-level message ("error decoding response body") leaves out.
 fn ended_early(url: &str, got: u64, expected: Option<u64>, e: &reqwest::Error) -> RegistryError {
@@ -417,4 +518,21 @@ fn to_manifest(image: &ImageRef, raw: RawManifest, digest: String) -> Result<Man
         }
     }
     Ok(Manifest { digest, config_digest: config.digest, layers: raw.layers })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_content_range;
+
+    #[test]
+    fn content_ranges_are_read_whole_or_not_at_all() {
+        assert_eq!(parse_content_range("bytes 100-199/200"), Some((100, 199, 200)));
+        assert_eq!(parse_content_range("bytes 0-0/1"), Some((0, 0, 1)));
+        // Past the end, backwards, unknown size, or not bytes: none of these names a tail.
+        assert_eq!(parse_content_range("bytes 100-200/200"), None);
+        assert_eq!(parse_content_range("bytes 10-5/200"), None);
+        assert_eq!(parse_content_range("bytes 0-9/*"), None);
+        assert_eq!(parse_content_range("items 0-9/10"), None);
+        assert_eq!(parse_content_range("bytes */200"), None);
+    }
 }
