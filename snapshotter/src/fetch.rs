@@ -105,9 +105,11 @@ impl Fetcher for LayerFetcher {
             // The chunks read around are cached as they arrive, while this read returns; the
             // range stays in flight until they all are, so the reader's next files wait for
             // their own chunk there instead of fetching it again and breaking the walk.
-            if !extra.is_empty()
-                && let Some(cache) = blob.cache.get().cloned()
-            {
+            if extra.is_empty() {
+                // The end of the body, read so that the connection goes back to the pool: a
+                // new one costs a handshake on the links lazy pulls are for.
+                let _ = stream.next().await;
+            } else if let Some(cache) = blob.cache.get().cloned() {
                 let (blob, from) = (blob.clone(), chunk.compressed_end);
                 tokio::spawn(async move {
                     if let Err(e) = cache_stream(&blob, &cache, stream, from, buf, extra, || {}).await {
