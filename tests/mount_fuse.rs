@@ -570,6 +570,74 @@ fn fuse_root_failed_upload_is_an_error_from_fsync_and_close() {
     m.stop();
 }
 
+/// Unmounts a tmpfs on drop, first of all, so a failing test leaves none behind.
+struct Tmpfs(std::path::PathBuf);
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+#[ignore = "needs root (tmpfs, /dev/fuse): run by .ci/run"]
+fn fuse_root_a_full_staging_disk_is_enospc_to_the_writer() {
+    let src = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // The staging dir on a disk of 1 MiB; the hot tier and the rest of the state elsewhere.
+    let staging = dir.path().join("state/staging");
+    std::fs::create_dir_all(&staging).unwrap();
+    let ok = Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"]).arg(&staging).status().unwrap();
+    assert!(ok.success(), "mounting a tmpfs needs root");
+    let tmpfs = Tmpfs(staging);
+    let mut m = Mount::start_in(dir, src.path().to_str().unwrap(), &[]);
+    let out = Command::new("dd")
+        .args(["if=/dev/zero", "bs=64k", "count=64", "status=none"])
+        .arg(format!("of={}", m.path("ckpt.bin").display()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "4 MiB cannot be staged on 1 MiB");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("No space left on device"), "the writer is told the disk is full: {err}");
+    assert!(!err.contains("Input/output error"), "{err}");
+    assert!(m.log().contains("the staging disk is full"), "{}", m.log());
+    // The file had a hole its writer was told of: close did not upload the part that fitted,
+    // and the release after it dropped the staged bytes, giving the space back.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !m.log().contains("not uploaded: a write to it failed") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // dd closes its first descriptor of the file before writing (it writes through a copy),
+    // which publishes the file as it was then: empty. No byte of the refused content follows.
+    let size = |p: std::path::PathBuf| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    assert_eq!(size(src.path().join("ckpt.bin")), 0, "no byte of the failed write reached the store\n{}", m.log());
+    assert_eq!(size(m.path("ckpt.bin")), 0, "the mount shows what the store holds");
+    let staged = std::fs::read_dir(&tmpfs.0)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "data") && e.metadata().is_ok_and(|m| m.len() > 0));
+    assert_eq!(staged.count(), 0, "the staged bytes are gone");
+    // A writer that truncates to zero after the error starts the file again, and what it
+    // writes then goes up as usual.
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(m.path("again.bin")).unwrap();
+        let err = f.write_all(&vec![1u8; 4 << 20]).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(28), "ENOSPC: {err}");
+        assert_eq!(f.sync_all().unwrap_err().raw_os_error(), Some(28), "fsync says so again");
+        f.set_len(0).unwrap();
+        f.write_all(b"fits").unwrap();
+        f.sync_all().unwrap();
+    }
+    assert_eq!(std::fs::read(src.path().join("again.bin")).unwrap(), b"fits");
+    // With the space back, a file that fits goes up whole.
+    std::fs::write(m.path("small.bin"), vec![7u8; 64 << 10]).unwrap();
+    assert_eq!(std::fs::read(src.path().join("small.bin")).unwrap(), vec![7u8; 64 << 10]);
+    m.stop();
+    // Before the state dir goes with `m`, so that it can.
+    drop(tmpfs);
+}
+
 /// A mount declared in the daemon's config reads through the daemon's own cache, so
 /// `strata tier` warms, shows and evicts what the mount serves, and the writes it takes land in
 /// the cold store under the mount's prefix.

@@ -673,6 +673,11 @@ impl FsCore {
             return Ok(());
         }
         let path = s.target.clone();
+        if let Some(code) = s.write_error {
+            // Every flush, fsync and close says so again, as a local file system reports a
+            // lost write to each.
+            return Err(FsError::Stage { path, source: std::io::Error::from_raw_os_error(code) });
+        }
         let outcome = match crate::streaming::finish(self.ns.as_ref(), &mut s).await {
             Some(Ok(node)) => Ok(node),
             Some(Err(StreamError::Store(source))) => Err(FsError::Publish { path: path.clone(), source }),
@@ -719,6 +724,31 @@ impl FsCore {
             .any(|o| o.ino == h.ino && o.staged.is_some());
         if still_open {
             return Ok(());
+        }
+        {
+            let mut s = staged.lock().await;
+            if let Some(code) = s.write_error.filter(|_| s.dirty) {
+                // Known to be incomplete, and likely filling a disk that is full: dropped. The
+                // name then shows what the store holds, the object as it was or nothing.
+                let (why, path) = (std::io::Error::from_raw_os_error(code), s.target.clone());
+                tracing::warn!(path = %path, error = %why, "not uploaded: a write to it failed; its staged bytes are dropped");
+                s.discard();
+                drop(s);
+                self.writers.lock().unwrap_or_else(|p| p.into_inner()).remove(&h.ino);
+                self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&path);
+                if let Some(parent) = self.parent_of(&path) {
+                    self.forget_listing(parent);
+                    self.forget_name(parent, path.rsplit('/').next().unwrap_or(&path));
+                }
+                match self.ns.stat(&path).await {
+                    Ok(Some(node)) => self.set_node(h.ino, &path, node),
+                    // Gone from the store too (or not known now): the next lookup asks again.
+                    _ => {
+                        self.inodes.write().unwrap_or_else(|p| p.into_inner()).by_path.remove(&path);
+                    }
+                }
+                return Ok(());
+            }
         }
         if let Some(kept) = self.keep_failed(staged).await {
             self.writers.lock().unwrap_or_else(|p| p.into_inner()).remove(&h.ino);

@@ -76,6 +76,14 @@ fn errno(op: &str, e: &FsError) -> Errno {
         FsError::Exists => Errno::EEXIST,
         FsError::NotEmpty => Errno::ENOTEMPTY,
         FsError::CrossDevice => Errno::EXDEV,
+        // A full staging disk is the writer's to see as such ("No space left on device"), not
+        // as an I/O error: it can free space or write elsewhere.
+        FsError::Stage { source, .. }
+            if source.raw_os_error().is_some_and(|c| c == nix::libc::ENOSPC || c == nix::libc::EDQUOT) =>
+        {
+            warn!(op, error = %e, "the staging disk is full");
+            Errno::from_i32(source.raw_os_error().unwrap_or(nix::libc::ENOSPC))
+        }
         FsError::List { .. }
         | FsError::Read { .. }
         | FsError::Stage { .. }
@@ -571,5 +579,18 @@ fn file_attr(a: &Attr, uid: u32, gid: u32, writable: bool) -> FileAttr {
         rdev,
         flags: 0,
         blksize: 1 << 20,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_staging_disk_is_enospc_and_other_staging_failures_are_eio() {
+        let stage = |code| FsError::Stage { path: "ckpt".into(), source: std::io::Error::from_raw_os_error(code) };
+        assert_eq!(errno("write", &stage(nix::libc::ENOSPC)), Errno::ENOSPC);
+        assert_eq!(errno("write", &stage(nix::libc::EDQUOT)), Errno::EDQUOT);
+        assert_eq!(errno("write", &stage(nix::libc::EROFS)), Errno::EIO);
     }
 }

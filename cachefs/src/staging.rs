@@ -55,6 +55,10 @@ pub struct Staged {
     pub streamable: bool,
     /// The last publish failed and its caller reported it; cleared by the next change.
     pub failed: bool,
+    /// A write was refused (the staging disk was full, say), so the content has a hole the
+    /// writer was told of: it is never uploaded. Cleared only by truncating to zero, which
+    /// starts the content again.
+    pub write_error: Option<i32>,
     /// When the writer began this content.
     pub created: std::time::Instant,
 }
@@ -82,6 +86,7 @@ impl Staged {
             stream: None,
             streamable: true,
             failed: false,
+            write_error: None,
             created: std::time::Instant::now(),
         };
         staged.record(false, None)?;
@@ -90,7 +95,13 @@ impl Staged {
 
     pub fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
         self.changing_from(offset);
-        self.file.write_all_at(buf, offset)?;
+        if let Err(e) = self.file.write_all_at(buf, offset) {
+            // Part of `buf` may be in the file: the content is no longer what was written.
+            self.write_error = Some(e.raw_os_error().unwrap_or(nix::libc::EIO));
+            self.dirty = true;
+            self.stop_streaming();
+            return Err(e);
+        }
         self.len = self.len.max(offset + buf.len() as u64);
         self.dirty = true;
         self.failed = false;
@@ -110,6 +121,9 @@ impl Staged {
     pub fn truncate(&mut self, len: u64) -> io::Result<()> {
         self.changing_from(len);
         self.file.set_len(len)?;
+        if len == 0 {
+            self.write_error = None;
+        }
         self.len = len;
         self.dirty = true;
         self.failed = false;
