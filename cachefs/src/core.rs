@@ -1329,6 +1329,26 @@ mod write_tests {
         assert_eq!(cold(dir.path(), "d/e/again").unwrap(), b"one two");
     }
 
+    #[tokio::test]
+    async fn content_changed_after_a_flush_is_not_uploaded_by_a_restart_after_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = setup(dir.path());
+        let e = fs.lookup(ROOT, "d").await.unwrap();
+        let e = fs.lookup(e.ino, "e").await.unwrap();
+        let (_, fh) = fs.create(e.ino, "ckpt").await.unwrap();
+        fs.write(fh, 0, b"first whole").await.unwrap();
+        fs.flush(fh).await.unwrap();
+        assert_eq!(cold(dir.path(), "d/e/ckpt").unwrap(), b"first whole");
+        // More writes, then the process dies before any flush or close: the staged bytes are
+        // neither the published content nor a finished one. What a restart finds in the
+        // staging dir is what it finds now.
+        fs.write(fh, 6, b"half").await.unwrap();
+        let report = fs.recover_staged(true).await;
+        assert_eq!(cold(dir.path(), "d/e/ckpt").unwrap(), b"first whole", "a restart uploaded a half-written change");
+        assert_eq!(report.len(), 1, "{report:?}");
+        assert!(report[0].contains("d/e/ckpt") && report[0].contains("incomplete"), "{report:?}");
+    }
+
     fn pattern(n: usize) -> Vec<u8> {
         (0..n as u32).map(|i| (i.wrapping_mul(7) % 253) as u8).collect()
     }

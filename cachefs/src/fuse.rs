@@ -1,5 +1,6 @@
-//! The fuser adapter: each kernel request becomes a task on the runtime, which replies when the
-//! core answers. Errors become errno here and only here, and are logged here, once.
+//! The fuser adapter: a kernel request whose answer the core has at hand is answered on the
+//! FUSE thread; any other becomes a task on the runtime, which replies when the core answers.
+//! Errors become errno here and only here, and are logged here, once.
 
 use crate::core::{Attr, FsCore, FsError, ROOT};
 use crate::implicit::Implicit;

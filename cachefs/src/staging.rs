@@ -59,6 +59,9 @@ pub struct Staged {
     /// writer was told of: it is never uploaded. Cleared only by truncating to zero, which
     /// starts the content again.
     pub write_error: Option<i32>,
+    /// The manifest says the content is complete: the next change must say it no longer is
+    /// before it touches the data, or a crash would leave the changed bytes to be uploaded.
+    sealed: bool,
     /// When the writer began this content.
     pub created: std::time::Instant,
 }
@@ -87,6 +90,7 @@ impl Staged {
             streamable: true,
             failed: false,
             write_error: None,
+            sealed: false,
             created: std::time::Instant::now(),
         };
         staged.record(false, None)?;
@@ -94,8 +98,8 @@ impl Staged {
     }
 
     pub fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
-        self.changing_from(offset);
-        if let Err(e) = self.file.write_all_at(buf, offset) {
+        let written = self.changing_from(offset).and_then(|()| self.file.write_all_at(buf, offset));
+        if let Err(e) = written {
             // Part of `buf` may be in the file: the content is no longer what was written.
             self.write_error = Some(e.raw_os_error().unwrap_or(nix::libc::EIO));
             self.dirty = true;
@@ -119,7 +123,7 @@ impl Staged {
     }
 
     pub fn truncate(&mut self, len: u64) -> io::Result<()> {
-        self.changing_from(len);
+        self.changing_from(len)?;
         self.file.set_len(len)?;
         if len == 0 {
             self.write_error = None;
@@ -131,14 +135,18 @@ impl Staged {
     }
 
     /// Syncs the data and marks it complete: from here a restart may publish it.
-    pub fn seal(&self) -> io::Result<()> {
+    pub fn seal(&mut self) -> io::Result<()> {
         self.file.sync_data()?;
-        self.record(true, None)
+        self.record(true, None)?;
+        self.sealed = true;
+        Ok(())
     }
 
     /// Marks the data complete without syncing it, recording what it must hold.
-    pub fn seal_unsynced(&self, crc32c: u32) -> io::Result<()> {
-        self.record(true, Some((self.len, crc32c)))
+    pub fn seal_unsynced(&mut self, crc32c: u32) -> io::Result<()> {
+        self.record(true, Some((self.len, crc32c)))?;
+        self.sealed = true;
+        Ok(())
     }
 
     fn record(&self, complete: bool, content: Option<(u64, u32)>) -> io::Result<()> {
@@ -154,16 +162,22 @@ impl Staged {
     }
 
     /// The content changes from `offset` on: an upload that already sent bytes past it is
-    /// given up.
-    fn changing_from(&mut self, offset: u64) {
+    /// given up, and content a flush had completed is recorded as being written again.
+    fn changing_from(&mut self, offset: u64) -> io::Result<()> {
         if self.stream.as_ref().is_some_and(|s| offset < s.sent) {
             self.stop_streaming();
         }
+        if self.sealed {
+            self.record(false, None)?;
+            self.sealed = false;
+        }
+        Ok(())
     }
 
     pub fn retarget(&mut self, target: &str) -> io::Result<()> {
         self.stop_streaming();
         self.target = target.to_string();
+        self.sealed = false;
         self.record(false, None)
     }
 
@@ -181,8 +195,9 @@ impl Staged {
 
     /// Drops the manifest of content already in the store; the data stays until discarded, and
     /// a restart removes it as an orphan.
-    pub fn forget_manifest(&self) {
+    pub fn forget_manifest(&mut self) {
         let _ = std::fs::remove_file(&self.manifest);
+        self.sealed = false;
     }
 
     pub fn discard(&mut self) {

@@ -91,7 +91,7 @@ pub async fn fill(ns: LayerNamespace, cache: TieredCache, progress: Arc<Progress
         Some(end) => {
             progress.prefetch.send_replace(Stage::Running);
             let region: Vec<&(String, Chunk)> = pieces.iter().filter(|(_, c)| c.compressed_end <= end).collect();
-            match fetch_group(&blob, &cache, &region, &progress).await {
+            match fetch_group(&blob, &cache, &region, &progress, true).await {
                 Ok(()) => {
                     progress.prefetch.send_replace(Stage::Done);
                 }
@@ -144,17 +144,20 @@ async fn background_group(
     while blob.demand.load(Ordering::Relaxed) > 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    fetch_group(blob, cache, group, progress).await
+    fetch_group(blob, cache, group, progress, false).await
 }
 
 /// Fetches the compressed range that covers `group` in one request, and caches each of its
-/// chunks that is not cached yet as its bytes arrive. The range is in flight meanwhile, so a
-/// container read of one of its chunks waits for it rather than fetching it again.
+/// chunks that is not cached yet as its bytes arrive. With `shared`, the range is in flight
+/// meanwhile, so a container read of one of its chunks waits for it rather than fetching it
+/// again: right for the prefetch region, which a starting container reads; a background range
+/// is not shared, since a read of its last chunk would wait for all 8 MiB before it.
 async fn fetch_group(
     blob: &Arc<Blob>,
     cache: &TieredCache,
     group: &[&(String, Chunk)],
     progress: &Progress,
+    shared: bool,
 ) -> Result<(), StreamError> {
     let key = |(path, c): &(String, Chunk)| ChunkKey::digest(path.clone(), c.digest.clone());
     let missing: Vec<(String, Chunk)> = group
@@ -174,7 +177,7 @@ async fn fetch_group(
     };
     let range = first.1.offset..end;
     let count = missing.len() as u64;
-    let _in_flight = InFlight::begin(blob, range.clone(), false);
+    let _in_flight = shared.then(|| InFlight::begin(blob, range.clone(), false));
     stream_and_cache(blob, cache, range, missing, || {}).await?;
     progress.chunks_cached.fetch_add(count, Ordering::Relaxed);
     Ok(())

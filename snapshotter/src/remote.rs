@@ -93,9 +93,9 @@ pub struct TocMember {
 /// the links lazy pulls are for (2.6 ms at 200 Mbit/s, against 20 ms).
 const TAIL_READ: u64 = 64 << 10;
 
-/// Finds blob `digest`'s footer (with the blob's size, in the same read) and reads its TOC member, which may be at most `max_toc_size`
-/// bytes (compressed): a footer pointing far back cannot make the daemon read a whole blob
-/// into memory.
+/// Finds blob `digest`'s footer (and the blob's size, in the same read) and reads its TOC
+/// member, which may be at most `max_toc_size` bytes (compressed): a footer pointing far back
+/// cannot make the daemon read a whole blob into memory.
 pub async fn fetch_toc(
     registry: &Registry,
     image: &ImageRef,
