@@ -69,23 +69,25 @@ impl Keeper {
             *began = (*began).min(written);
             written.saturating_duration_since(*began) < self.checkpoint_window
         };
-        self.pin_newest(&key_dir, &format!("={key_path}")).await;
-        let Some(parent) = key_parent else { return };
-        let dir_pattern = format!("{key_dir}/");
-        if fresh {
-            self.pin_newest(&parent, &dir_pattern).await;
-            let (under, keep) = (format!("{parent}/"), key_dir.clone());
-            let _ = self.cache.unpin_newest(move |g| g.starts_with(&under) && g != keep).await;
-        } else {
-            let pinned_here = self
-                .cache
-                .pins()
-                .iter()
-                .any(|p| p.newest_of.as_deref() == Some(parent.as_str()) && p.pattern.to_string() == dir_pattern);
-            if pinned_here {
-                let _ = self.cache.unpin_newest(move |g| g == parent).await;
+        // The directory's pins first, the file's last: whoever sees the file pinned sees the
+        // directory's standing settled too (a directory of checkpoints is not pinned whole).
+        if let Some(parent) = key_parent {
+            let dir_pattern = format!("{key_dir}/");
+            if fresh {
+                self.pin_newest(&parent, &dir_pattern).await;
+                let (under, keep) = (format!("{parent}/"), key_dir.clone());
+                let _ = self.cache.unpin_newest(move |g| g.starts_with(&under) && g != keep).await;
+            } else {
+                let pinned_here =
+                    self.cache.pins().iter().any(|p| {
+                        p.newest_of.as_deref() == Some(parent.as_str()) && p.pattern.to_string() == dir_pattern
+                    });
+                if pinned_here {
+                    let _ = self.cache.unpin_newest(move |g| g == parent).await;
+                }
             }
         }
+        self.pin_newest(&key_dir, &format!("={key_path}")).await;
     }
 
     pub async fn pin_newest(&self, group: &str, pattern: &str) {
