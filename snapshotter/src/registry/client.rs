@@ -214,11 +214,12 @@ impl Registry {
             .send(image, &format!("/blobs/{digest}"), Method::GET, |r| r.header(RANGE, header.clone()), Need::Pull)
             .await?;
         let url = resp.url().to_string();
-        let size = match resp.status() {
+        // What the answer holds: from `start` to the end of a blob of `size` bytes.
+        let tail = match resp.status() {
             StatusCode::PARTIAL_CONTENT => {
                 let content_range = resp.headers().get(CONTENT_RANGE).and_then(|v| v.to_str().ok()).unwrap_or("");
                 match parse_content_range(content_range) {
-                    Some((start, end, size)) if end + 1 == size && size - start <= len => Some(size),
+                    Some((start, end, size)) if end + 1 == size && size - start <= len => Some((start, size)),
                     _ => {
                         return Err(RegistryError::Blob {
                             url,
@@ -228,35 +229,25 @@ impl Registry {
                 }
             }
             // The whole blob, shorter than what was asked for.
-            StatusCode::OK if resp.content_length().is_some_and(|n| n <= len) => resp.content_length(),
+            StatusCode::OK if resp.content_length().is_some_and(|n| n <= len) => resp.content_length().map(|n| (0, n)),
             _ => None,
         };
-        let Some(size) = size else {
+        let Some((start, size)) = tail else {
             drop(resp);
             let size = self.blob_size(image, digest).await?;
             let start = size.saturating_sub(len);
             return Ok((self.blob_range(image, digest, start..size).await?, size));
         };
-        let want = len.min(size);
+        let want = size - start;
         let mut body = bytes::BytesMut::with_capacity(want as usize);
         while let Some(chunk) = resp.chunk().await.map_err(|e| ended_early(&url, body.len() as u64, Some(want), &e))? {
             if body.len() + chunk.len() > want as usize {
-                return Err(RegistryError::Range {
-                    url,
-                    start: size - want,
-                    end: size,
-                    got: format!("more than {want} bytes"),
-                });
+                return Err(RegistryError::Range { url, start, end: size, got: format!("more than {want} bytes") });
             }
             body.extend_from_slice(&chunk);
         }
         if body.len() as u64 != want {
-            return Err(RegistryError::Range {
-                url,
-                start: size - want,
-                end: size,
-                got: format!("{} bytes", body.len()),
-            });
+            return Err(RegistryError::Range { url, start, end: size, got: format!("{} bytes", body.len()) });
         }
         Ok((body.freeze(), size))
     }
