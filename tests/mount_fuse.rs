@@ -611,6 +611,11 @@ fn fuse_root_a_full_staging_disk_is_enospc_to_the_writer() {
     // which publishes the file as it was then: empty. No byte of the refused content follows.
     let size = |p: std::path::PathBuf| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
     assert_eq!(size(src.path().join("ckpt.bin")), 0, "no byte of the failed write reached the store\n{}", m.log());
+    // The kernel asks again for the size its writes had raised.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while size(m.path("ckpt.bin")) != 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert_eq!(size(m.path("ckpt.bin")), 0, "the mount shows what the store holds");
     let staged = std::fs::read_dir(&tmpfs.0)
         .unwrap()

@@ -731,7 +731,6 @@ impl FsCore {
                 // Known to be incomplete, and likely filling a disk that is full: dropped. The
                 // name then shows what the store holds, the object as it was or nothing.
                 let (why, path) = (std::io::Error::from_raw_os_error(code), s.target.clone());
-                tracing::warn!(path = %path, error = %why, "not uploaded: a write to it failed; its staged bytes are dropped");
                 s.discard();
                 drop(s);
                 self.writers.lock().unwrap_or_else(|p| p.into_inner()).remove(&h.ino);
@@ -747,6 +746,7 @@ impl FsCore {
                         self.inodes.write().unwrap_or_else(|p| p.into_inner()).by_path.remove(&path);
                     }
                 }
+                tracing::warn!(path = %path, error = %why, "not uploaded: a write to it failed; its staged bytes are dropped");
                 return Ok(());
             }
         }
