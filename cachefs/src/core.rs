@@ -1174,6 +1174,12 @@ mod write_tests {
         assert!(matches!(fs.rmdir(ROOT, "d").await, Err(FsError::NotEmpty)));
     }
 
+    /// The directory `d/e` of the test tree.
+    async fn dir_e(fs: &FsCore) -> Attr {
+        let d = fs.lookup(ROOT, "d").await.unwrap();
+        fs.lookup(d.ino, "e").await.unwrap()
+    }
+
     fn cold(dir: &std::path::Path, rel: &str) -> Option<Vec<u8>> {
         std::fs::read(dir.join("cold").join(rel)).ok()
     }
@@ -1208,8 +1214,7 @@ mod write_tests {
     async fn renaming_a_rewrite_in_progress_moves_the_old_object_away() {
         let dir = tempfile::tempdir().unwrap();
         let fs = setup(dir.path());
-        let e = fs.lookup(ROOT, "d").await.unwrap();
-        let e = fs.lookup(e.ino, "e").await.unwrap();
+        let e = dir_e(&fs).await;
         let small = fs.lookup(e.ino, "small").await.unwrap();
         let fh = fs.open(small.ino, true, true).unwrap();
         fs.write(fh, 0, b"rewritten").await.unwrap();
@@ -1294,8 +1299,7 @@ mod write_tests {
     async fn a_failed_upload_reported_by_flush_is_not_retried_at_release_nor_at_restart() {
         let dir = tempfile::tempdir().unwrap();
         let fs = setup(dir.path());
-        let e = fs.lookup(ROOT, "d").await.unwrap();
-        let e = fs.lookup(e.ino, "e").await.unwrap();
+        let e = dir_e(&fs).await;
         let (_, fh) = fs.create(e.ino, "ckpt").await.unwrap();
         fs.write(fh, 0, b"lost").await.unwrap();
         // A file where the object's directory was refuses the object, even to root.
@@ -1333,8 +1337,7 @@ mod write_tests {
     async fn content_changed_after_a_flush_is_not_uploaded_by_a_restart_after_a_crash() {
         let dir = tempfile::tempdir().unwrap();
         let fs = setup(dir.path());
-        let e = fs.lookup(ROOT, "d").await.unwrap();
-        let e = fs.lookup(e.ino, "e").await.unwrap();
+        let e = dir_e(&fs).await;
         let (_, fh) = fs.create(e.ino, "ckpt").await.unwrap();
         fs.write(fh, 0, b"first whole").await.unwrap();
         fs.flush(fh).await.unwrap();

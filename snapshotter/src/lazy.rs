@@ -447,12 +447,14 @@ impl Lazy {
 
     /// Makes sure every remote layer under `key` is mounted, mounting again any that is not
     /// (after a restart, or a mount that died), before containerd mounts an overlay over them.
-    pub async fn ensure_chain(&self, inner: &Arc<Snapshotter>, key: &str) -> Result<(), SnapshotError> {
+    /// Returns the ids of the chain's snapshots, `key`'s first.
+    pub async fn ensure_chain(&self, inner: &Arc<Snapshotter>, key: &str) -> Result<Vec<u64>, SnapshotError> {
         self.opts.activity.touch();
         let chain = {
             let (inner, key) = (inner.clone(), key.to_owned());
             blocking(move || inner.chain(&key)).await
         };
+        let ids = chain.iter().map(|(_, id, _)| *id).collect();
         for (name, id, labels) in chain {
             if !labels.contains_key(REMOTE_LABEL) || self.alive(id).await {
                 continue;
@@ -468,23 +470,19 @@ impl Lazy {
             self.mount(id, &dir, &src, &toc, &name).await.map_err(|e| unavailable(e.to_string()))?;
             tracing::info!(snapshot = %name, "remote layer mounted again");
         }
-        Ok(())
+        Ok(ids)
     }
 
-    /// Before a container starts on `key`'s layers, waits until what each lazy layer marked
+    /// Before a container starts on the snapshots `chain` (from `ensure_chain`), waits until what each lazy layer marked
     /// for start-up (its prefetch region) is here: all layers at once, for at most
     /// `prefetch_timeout`, and not for regions over `prefetch_async_size`. A region not in by
     /// then is logged, and the container starts anyway, its reads fetching on demand.
-    pub async fn wait_prefetch(&self, inner: &Arc<Snapshotter>, key: &str) {
-        let chain = {
-            let (inner, key) = (inner.clone(), key.to_owned());
-            blocking(move || inner.chain(&key)).await
-        };
+    pub async fn wait_prefetch(&self, chain: &[u64]) {
         let waits: Vec<(String, u64, Arc<Progress>)> = {
             let mounts = self.mounts.lock().await;
             chain
                 .iter()
-                .filter_map(|(_, id, _)| mounts.get(id))
+                .filter_map(|id| mounts.get(id))
                 .filter_map(|l| {
                     let size = l.prefetch_bytes.filter(|s| *s <= self.opts.prefetch_async_size)?;
                     Some((l.blob.digest.clone(), size, l.progress.clone()))
@@ -504,7 +502,7 @@ impl Lazy {
                 tracing::warn!(layer = %layer, bytes = size, ?limit, "prefetch not done in time; the container starts anyway");
             }
         }
-        tracing::debug!(key, layers = waits.len(), ?waited, "waited for the prefetch of the container's layers");
+        tracing::debug!(layers = waits.len(), ?waited, "waited for the prefetch of the container's layers");
     }
 
     async fn alive(&self, id: u64) -> bool {
@@ -522,7 +520,7 @@ impl Lazy {
         let (mut ok, mut failed) = (0, 0);
         for info in remote {
             match self.ensure_chain(inner, &info.name).await {
-                Ok(()) => ok += 1,
+                Ok(_) => ok += 1,
                 Err(e) => {
                     failed += 1;
                     tracing::error!(snapshot = %info.name, error = %e, "remote layer not mounted at start-up");

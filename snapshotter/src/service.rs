@@ -50,11 +50,11 @@ impl SnapshotService {
     }
 
     /// Before containerd mounts an overlay over `key`'s layers, each remote one must be
-    /// mounted (again, after a restart).
-    async fn ensure_chain(&self, method: &'static str, key: &str) -> Result<(), Status> {
+    /// mounted (again, after a restart). Returns the chain's snapshot ids, from `key` down.
+    async fn ensure_chain(&self, method: &'static str, key: &str) -> Result<Vec<u64>, Status> {
         match &self.lazy {
             Some(lazy) => self.finish(method, lazy.ensure_chain(&self.inner, key).await),
-            None => Ok(()),
+            None => Ok(Vec::new()),
         }
     }
 
@@ -202,13 +202,13 @@ impl proto::snapshots_server::Snapshots for SnapshotService {
             };
         }
         if let Some(p) = &parent_key {
-            self.ensure_chain("prepare", p).await?;
+            let chain = self.ensure_chain("prepare", p).await?;
             // A container's snapshot (not a layer containerd unpacks, which names its target):
             // it starts once its layers' start-up bytes are here.
             if let Some(lazy) = &self.lazy
                 && !labels.contains_key(lazy::TARGET_LABEL)
             {
-                lazy.wait_prefetch(&self.inner, p).await;
+                lazy.wait_prefetch(&chain).await;
             }
         }
         let ms = self.call("prepare", &key, move |s| s.prepare(&r.key, parent_key.as_deref(), labels)).await?;

@@ -210,7 +210,7 @@ impl Registry {
     /// will not answer a suffix range costs a HEAD and an ordinary range instead.
     pub async fn blob_tail(&self, image: &ImageRef, digest: &str, len: u64) -> Result<(Bytes, u64), RegistryError> {
         let header = format!("bytes=-{len}");
-        let mut resp = self
+        let resp = self
             .send(image, &format!("/blobs/{digest}"), Method::GET, |r| r.header(RANGE, header.clone()), Need::Pull)
             .await?;
         let url = resp.url().to_string();
@@ -238,18 +238,7 @@ impl Registry {
             let start = size.saturating_sub(len);
             return Ok((self.blob_range(image, digest, start..size).await?, size));
         };
-        let want = size - start;
-        let mut body = bytes::BytesMut::with_capacity(want as usize);
-        while let Some(chunk) = resp.chunk().await.map_err(|e| ended_early(&url, body.len() as u64, Some(want), &e))? {
-            if body.len() + chunk.len() > want as usize {
-                return Err(RegistryError::Range { url, start, end: size, got: format!("more than {want} bytes") });
-            }
-            body.extend_from_slice(&chunk);
-        }
-        if body.len() as u64 != want {
-            return Err(RegistryError::Range { url, start, end: size, got: format!("{} bytes", body.len()) });
-        }
-        Ok((body.freeze(), size))
+        collect(RangeStream { resp, url, range: start..size, got: 0 }).await.map(|body| (body, size))
     }
 
     /// Bytes `range` of blob `digest`; exactly those bytes, or an error.
@@ -257,12 +246,7 @@ impl Registry {
         if range.is_empty() {
             return Ok(Bytes::new());
         }
-        let mut body = bytes::BytesMut::with_capacity((range.end - range.start) as usize);
-        let mut stream = self.blob_range_stream(image, digest, range).await?;
-        while let Some(piece) = stream.next().await? {
-            body.extend_from_slice(&piece);
-        }
-        Ok(body.freeze())
+        collect(self.blob_range_stream(image, digest, range).await?).await
     }
 
     /// Bytes `range` of blob `digest` (not empty) as they arrive: exactly those bytes, or an
@@ -472,6 +456,15 @@ impl RangeStream {
             None => Ok(None),
         }
     }
+}
+
+/// All of a range, held in memory: it is only ever as long as was asked for.
+async fn collect(mut stream: RangeStream) -> Result<Bytes, RegistryError> {
+    let mut body = bytes::BytesMut::with_capacity((stream.range.end - stream.range.start) as usize);
+    while let Some(piece) = stream.next().await? {
+        body.extend_from_slice(&piece);
+    }
+    Ok(body.freeze())
 }
 
 /// `bytes START-END/SIZE`, as numbers.
