@@ -219,10 +219,9 @@ fn a_prefetch_list_puts_exactly_those_files_first_and_a_lazy_pull_fetches_them_i
         let toc = toc_of(&blob);
         let entries = toc["entries"].as_array().unwrap();
         let landmark = entries.iter().find(|e| e["name"] == ".prefetch.landmark").unwrap()["offset"].as_u64().unwrap();
-        // The region runs from the first file's payload (the member before it holds only
-        // headers) to the landmark.
-        let first = entries.iter().filter_map(|e| e["offset"].as_u64()).min().unwrap();
-        regions.push(landmark - first);
+        // The region is asked for while the TOC is parsed, from the blob's first byte to the
+        // landmark.
+        regions.push(landmark);
     }
 
     let node = Node::start();

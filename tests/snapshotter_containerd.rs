@@ -314,6 +314,7 @@ fn an_estargz_image_pulls_lazily_and_runs() {
 fn the_prefetch_region_is_fetched_in_one_read_and_serves_the_start() {
     // No background fill, so only the prefetch and the container's own reads fetch anything.
     let node = Node::start_with("background_fetch = false");
+    let mark = log_mark();
     let image = node.rpull("busybox:esgz-prefetch");
     let layers = node.layer_digests("busybox:esgz-prefetch");
 
@@ -328,6 +329,21 @@ fn the_prefetch_region_is_fetched_in_one_read_and_serves_the_start() {
     let fetched = base["fetched_bytes"].as_u64().unwrap();
     assert!(fetched > 0 && fetched <= prefetch, "the prefetch region, and no more: {base:#}");
     assert!(prefetch > std::fs::metadata("/bin/busybox").unwrap().len() / 4, "busybox precedes the landmark");
+    // It was asked for while the TOC was still being parsed, from where the landmark entry
+    // alone says the region ends: that request starts at byte 0, so its answer is exactly the
+    // region (a request made after the parse starts at the first file's data instead).
+    let answers = ranged_answers(mark, &layers[0]);
+    assert!(answers.contains(&prefetch), "one answer of {prefetch} bytes among {answers:?}");
+}
+
+/// The sizes of the ranged answers (206) for blob `digest` in the registry's log since `mark`.
+fn ranged_answers(mark: usize, digest: &str) -> Vec<u64> {
+    let blob = format!("/blobs/{digest} ");
+    registry_log()[mark..]
+        .lines()
+        .filter(|l| l.contains("\"GET /v2/strata/") && l.contains(&blob))
+        .filter_map(|l| l.split("\" 206 ").nth(1)?.split(' ').next()?.parse().ok())
+        .collect()
 }
 
 /// `strata_snapshotter_prefetch_wait_seconds`: how many container starts waited, and how long

@@ -254,10 +254,10 @@ const HANDOFFS_QUEUED: usize = 4;
 /// Reads the rest of `stream`, whose bytes from blob offset `start` on begin with `buf`, and
 /// hands each run of complete pieces to one blocking thread that decodes, checks and caches
 /// them in order.
-async fn cache_stream(
+pub(crate) async fn cache_stream(
     blob: &Arc<Blob>,
     cache: &strata_tiering::TieredCache,
-    mut stream: crate::registry::client::RangeStream,
+    mut stream: crate::registry::range_stream::RangeStream,
     mut start: u64,
     mut buf: bytes::BytesMut,
     pieces: Vec<(String, Chunk)>,

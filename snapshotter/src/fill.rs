@@ -4,8 +4,10 @@
 //! its digest before it is cached, and chunks already cached are skipped.
 
 use crate::estargz::{Chunk, Landmark};
-use crate::fetch::{InFlight, StreamError, stream_and_cache};
+use crate::fetch::{InFlight, StreamError, cache_stream, stream_and_cache};
 use crate::layer::{Blob, LayerNamespace};
+use crate::registry::RegistryError;
+use crate::registry::range_stream::RangeStream;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -82,16 +84,61 @@ pub fn prefetch_size(ns: &LayerNamespace) -> Option<u64> {
     }
 }
 
+/// The request for a layer's prefetch region, made before its TOC was parsed: bytes `0..end`.
+/// Stopped when dropped unused.
+#[derive(Debug)]
+pub struct EarlyPrefetch {
+    pub end: u64,
+    pub request: tokio::task::JoinHandle<Result<RangeStream, RegistryError>>,
+}
+
+impl Drop for EarlyPrefetch {
+    fn drop(&mut self) {
+        self.request.abort();
+    }
+}
+
+impl EarlyPrefetch {
+    /// This request, if it is for the region the parsed TOC gives (bytes `0..end`).
+    fn confirmed(self, end: u64, layer: &str) -> Option<EarlyPrefetch> {
+        if self.end != end {
+            tracing::debug!(layer, hint = self.end, landmark = end, "the early prefetch request was for another range");
+            return None;
+        }
+        Some(self)
+    }
+
+    /// The answer, once it starts; `None` if the request failed.
+    async fn answer(mut self, layer: &str) -> Option<RangeStream> {
+        match (&mut self.request).await {
+            Ok(Ok(stream)) => Some(stream),
+            Ok(Err(e)) => {
+                tracing::debug!(layer, error = %e, "the early prefetch request failed; asking again");
+                None
+            }
+            Err(_) => None,
+        }
+    }
+}
+
 /// Runs the prefetch, then (if `background` is given) the rest of the layer, once the node has
-/// had no container reads for that long.
-pub async fn fill(ns: LayerNamespace, cache: TieredCache, progress: Arc<Progress>, background: Option<Duration>) {
+/// had no container reads for that long. The prefetch reads from `early` if it asked for the
+/// region the TOC gives.
+pub async fn fill(
+    ns: LayerNamespace,
+    cache: TieredCache,
+    progress: Arc<Progress>,
+    background: Option<Duration>,
+    early: Option<EarlyPrefetch>,
+) {
     let pieces = ns.pieces();
     let blob = ns.blob().clone();
     match prefetch_size(&ns) {
         Some(end) => {
             progress.prefetch.send_replace(Stage::Running);
             let region: Vec<&(String, Chunk)> = pieces.iter().filter(|(_, c)| c.compressed_end <= end).collect();
-            match fetch_group(&blob, &cache, &region, &progress, true).await {
+            let early = early.and_then(|e| e.confirmed(end, &blob.digest));
+            match fetch_group(&blob, &cache, &region, &progress, true, early).await {
                 Ok(()) => {
                     progress.prefetch.send_replace(Stage::Done);
                 }
@@ -144,7 +191,7 @@ async fn background_group(
     while blob.demand.load(Ordering::Relaxed) > 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    fetch_group(blob, cache, group, progress, false).await
+    fetch_group(blob, cache, group, progress, false, None).await
 }
 
 /// Fetches the compressed range that covers `group` in one request, and caches each of its
@@ -158,6 +205,7 @@ async fn fetch_group(
     group: &[&(String, Chunk)],
     progress: &Progress,
     shared: bool,
+    asked: Option<EarlyPrefetch>,
 ) -> Result<(), StreamError> {
     let key = |(path, c): &(String, Chunk)| ChunkKey::digest(path.clone(), c.digest.clone());
     let missing: Vec<(String, Chunk)> = group
@@ -177,8 +225,75 @@ async fn fetch_group(
     };
     let range = first.1.offset..end;
     let count = missing.len() as u64;
+    if let Some(early) = asked {
+        // The range is in flight from the moment it was asked for: a container that starts
+        // before the answer does must wait for it, not fetch the bytes again.
+        let whole = 0..early.end;
+        let _in_flight = shared.then(|| InFlight::begin(blob, whole.clone(), false));
+        if whole.end >= range.end
+            && let Some(stream) = early.answer(&blob.digest).await
+        {
+            cache_stream(blob, cache, stream, 0, bytes::BytesMut::new(), missing, || {}).await?;
+            progress.chunks_cached.fetch_add(count, Ordering::Relaxed);
+            return Ok(());
+        }
+    }
     let _in_flight = shared.then(|| InFlight::begin(blob, range.clone(), false));
     stream_and_cache(blob, cache, range, missing, || {}).await?;
     progress.chunks_cached.fetch_add(count, Ordering::Relaxed);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    /// Set when the request it is part of is dropped (stopped).
+    struct Stopped(Arc<AtomicBool>);
+
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    async fn soon(flag: &AtomicBool) -> bool {
+        for _ in 0..100 {
+            if flag.load(Ordering::SeqCst) {
+                return true;
+            }
+            tokio::task::yield_now().await;
+        }
+        false
+    }
+
+    fn pending_request(stopped: &Arc<AtomicBool>) -> EarlyPrefetch {
+        let guard = Stopped(stopped.clone());
+        let request = tokio::spawn(async move {
+            let _guard = guard;
+            std::future::pending::<Result<RangeStream, RegistryError>>().await
+        });
+        EarlyPrefetch { end: 4096, request }
+    }
+
+    #[tokio::test]
+    async fn an_early_request_for_another_region_is_stopped_not_used() {
+        let stopped = Arc::new(AtomicBool::new(false));
+        let early = pending_request(&stopped);
+        assert!(early.confirmed(8192, "layer").is_none(), "the parsed TOC's region ends elsewhere");
+        assert!(soon(&stopped).await, "the request was stopped");
+    }
+
+    #[tokio::test]
+    async fn an_early_request_that_failed_is_asked_again() {
+        let request = tokio::spawn(async {
+            Err(RegistryError::Blob { url: "http://registry/blob".into(), reason: "refused".into() })
+        });
+        let early = EarlyPrefetch { end: 4096, request }.confirmed(4096, "layer").expect("the region confirmed");
+        assert!(early.answer("layer").await.is_none());
+        let stopped = Arc::new(AtomicBool::new(false));
+        drop(pending_request(&stopped));
+        assert!(soon(&stopped).await, "an early request dropped unused is stopped");
+    }
 }

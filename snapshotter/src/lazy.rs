@@ -10,7 +10,7 @@ use crate::layer::Blob;
 use crate::model::Mount;
 use crate::overlay::Snapshotter;
 use crate::registry::{ImageRef, Registry};
-use crate::remote::{RemoteError, RemoteOptions, TocMember, build_layer, fetch_toc, mount_layer};
+use crate::remote::{RemoteError, RemoteOptions, TocMember, check_toc, fetch_toc, mount_layer, namespace};
 use crate::report::LayerReport;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
@@ -119,6 +119,13 @@ pub struct Lazy {
     ahead: std::sync::Mutex<VecDeque<(String, TocRead)>>,
 }
 
+/// Whether a layer is being mounted for the first time (by a pull), or again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fresh {
+    Yes,
+    No,
+}
+
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     tokio::task::spawn_blocking(f).await.expect("snapshot work does not panic")
 }
@@ -175,7 +182,7 @@ impl Lazy {
         let why_not_lazy = match &src.toc_digest {
             Some(toc) => {
                 self.read_ahead(&src, &labels);
-                match self.mount(id, &dir, &src, toc, &target).await {
+                match self.mount(id, &dir, &src, toc, &target, Fresh::Yes).await {
                     Ok(started) => {
                         let mut commit_labels = labels;
                         commit_labels.insert(REMOTE_LABEL.into(), REMOTE_VALUE.into());
@@ -299,6 +306,7 @@ impl Lazy {
         src: &LayerSource,
         toc_digest: &str,
         snapshot: &str,
+        fresh: Fresh,
     ) -> Result<Started, RemoteError> {
         let started = std::time::Instant::now();
         let (member, toc_read_ahead) = match self.take_ahead(&src.digest) {
@@ -314,7 +322,16 @@ impl Lazy {
             }
         };
         let toc_read = started.elapsed();
-        let ns = build_layer(self.registry.clone(), &src.image, &src.digest, &member, toc_digest, &self.opts).await?;
+        let checked = check_toc(&src.image, &src.digest, &member, toc_digest, &self.opts).await?;
+        // The start-up bytes are asked for now, while the TOC is parsed, if the TOC seems to say
+        // where they end; the fill takes them if the parse agrees. A layer mounted again after a
+        // restart most likely has them cached already.
+        let early = match (fresh, checked.landmark_hint) {
+            (Fresh::Yes, Some(end)) => Some(self.early_prefetch(src, end)),
+            _ => None,
+        };
+        // An early request dropped on the way out (a TOC that does not parse) is stopped.
+        let ns = namespace(self.registry.clone(), &src.image, &src.digest, &member, checked.json, &self.opts).await?;
         let toc_checked = started.elapsed();
         let blob = ns.blob().clone();
         let prefetch_bytes = fill::prefetch_size(&ns);
@@ -323,7 +340,7 @@ impl Lazy {
         // wait for, and the mount takes a few milliseconds of its own.
         let _ = blob.cache.set(self.cache.clone());
         let background = self.opts.background_fetch.then_some(self.opts.background_quiet);
-        let filling = tokio::spawn(fill::fill(ns.clone(), self.cache.clone(), progress.clone(), background));
+        let filling = tokio::spawn(fill::fill(ns.clone(), self.cache.clone(), progress.clone(), background, early));
         let mounted = match mount_layer(ns, self.cache.clone(), dir, &self.opts).await {
             Ok(m) => m,
             Err(e) => {
@@ -338,6 +355,18 @@ impl Lazy {
             let _ = blocking(move || old.mount.unmount()).await;
         }
         Ok(Started { prefetch_bytes, toc_read_ahead })
+    }
+
+    /// Asks for bytes `0..end` of the layer, the prefetch region a TOC not yet parsed seems to
+    /// give, and reads them off the wire as they come (up to a quarter of the layer's memory
+    /// budget ahead of the fill that will take them).
+    fn early_prefetch(&self, src: &LayerSource, end: u64) -> fill::EarlyPrefetch {
+        let (registry, image, digest) = (self.registry.clone(), src.image.clone(), src.digest.clone());
+        let ahead = (self.opts.memory_budget / 4) as usize;
+        let request = tokio::spawn(async move {
+            registry.blob_range_stream(&image, &digest, 0..end).await.map(|s| s.read_ahead(ahead))
+        });
+        fill::EarlyPrefetch { end, request }
     }
 
     /// Starts reading the TOCs of the layers after this one (from `cri.image-layers`, else
@@ -467,7 +496,7 @@ impl Lazy {
                 blocking(move || inner.layer_dir(&name)).await?.1
             };
             let toc = src.toc_digest.clone().ok_or_else(|| unavailable("its labels no longer name its TOC".into()))?;
-            self.mount(id, &dir, &src, &toc, &name).await.map_err(|e| unavailable(e.to_string()))?;
+            self.mount(id, &dir, &src, &toc, &name, Fresh::No).await.map_err(|e| unavailable(e.to_string()))?;
             tracing::info!(snapshot = %name, "remote layer mounted again");
         }
         Ok(ids)

@@ -137,20 +137,62 @@ pub async fn build_layer(
     toc_digest: &str,
     opts: &RemoteOptions,
 ) -> Result<LayerNamespace, RemoteError> {
+    let checked = check_toc(image, digest, member, toc_digest, opts).await?;
+    namespace(registry, image, digest, member, checked.json, opts).await
+}
+
+/// A TOC's JSON that matched its digest, and where its prefetch landmark seems to be.
+#[derive(Debug)]
+pub struct CheckedToc {
+    pub json: Vec<u8>,
+    /// From [`estargz::hint::prefetch_landmark`]: to be confirmed by the parse.
+    pub landmark_hint: Option<u64>,
+}
+
+/// Decompresses `member` and checks it against `toc_digest`: the few milliseconds before the
+/// layer's bytes can be asked for.
+pub async fn check_toc(
+    image: &ImageRef,
+    digest: &str,
+    member: &TocMember,
+    toc_digest: &str,
+    opts: &RemoteOptions,
+) -> Result<CheckedToc, RemoteError> {
     let fmt_err = |source| RemoteError::Format { image: image.to_string(), layer: digest.to_owned(), source };
-    let (bytes, limit, want, footer) = (member.bytes.clone(), opts.max_toc_size, toc_digest.to_owned(), member.footer);
-    let toc = tokio::task::spawn_blocking(move || {
-        estargz::decode_toc(&bytes, footer.compression, footer.data_end, &want, limit)
+    let (bytes, limit, want, compression) =
+        (member.bytes.clone(), opts.max_toc_size, toc_digest.to_owned(), member.footer.compression);
+    tokio::task::spawn_blocking(move || {
+        let json = estargz::verified_toc_json(&bytes, compression, &want, limit)?;
+        let landmark_hint = estargz::hint::prefetch_landmark(&json);
+        Ok(CheckedToc { json, landmark_hint })
     })
     .await
     .map_err(|e| fmt_err(FormatError::TocMember(e.to_string())))?
-    .map_err(fmt_err)?;
+    .map_err(fmt_err)
+}
+
+/// Parses a checked TOC's `json` into the layer's namespace.
+pub async fn namespace(
+    registry: Arc<Registry>,
+    image: &ImageRef,
+    digest: &str,
+    member: &TocMember,
+    json: Vec<u8>,
+    opts: &RemoteOptions,
+) -> Result<LayerNamespace, RemoteError> {
+    let fmt_err = |source| RemoteError::Format { image: image.to_string(), layer: digest.to_owned(), source };
     let blob = Arc::new(
         Blob::new(registry, image.clone(), digest.to_owned(), member.size)
             .with_metrics(opts.metrics.clone())
             .with_activity(opts.activity.clone()),
     );
-    Ok(LayerNamespace::new(&toc, blob)?)
+    let data_end = member.footer.data_end;
+    let built = tokio::task::spawn_blocking(move || {
+        estargz::toc::parse_toc(&json, data_end).map(|toc| LayerNamespace::new(&toc, blob))
+    })
+    .await
+    .map_err(|e| fmt_err(FormatError::TocMember(e.to_string())))?;
+    Ok(built.map_err(fmt_err)??)
 }
 
 /// Reads and verifies the TOC of blob `digest` of `image`, and builds its namespace.

@@ -4,6 +4,7 @@
 
 pub mod chunk;
 pub mod footer;
+pub mod hint;
 #[cfg(test)]
 mod testblob;
 pub mod time;
@@ -11,7 +12,7 @@ pub mod toc;
 
 pub use chunk::decode_chunk;
 pub use footer::{Compression, Footer, MAX_FOOTER_SIZE, parse_footer};
-pub use toc::{Chunk, Entry, EntryKind, Landmark, Toc, decode_toc};
+pub use toc::{Chunk, Entry, EntryKind, Landmark, Toc, decode_toc, verified_toc_json};
 
 /// What is wrong with a layer's bytes. Each names the part and, where there is one, the entry.
 #[derive(Debug, thiserror::Error)]

@@ -136,30 +136,45 @@ pub fn decode_toc(
     expected_digest: &str,
     limit: u64,
 ) -> Result<Toc, FormatError> {
-    let mut tar = Vec::new();
+    parse_toc(&verified_toc_json(compressed, compression, expected_digest, limit)?, data_end)
+}
+
+/// The first half of [`decode_toc`]: the TOC's JSON, decompressed and checked against
+/// `expected_digest`, not yet parsed. Parsing a large TOC takes tens of milliseconds, which a
+/// caller may want to spend while it already acts on the JSON (see [`super::hint`]).
+pub fn verified_toc_json(
+    compressed: &[u8],
+    compression: Compression,
+    expected_digest: &str,
+    limit: u64,
+) -> Result<Vec<u8>, FormatError> {
+    let mut out = Vec::new();
     let json = match compression {
         Compression::Gzip => {
             flate2::read::GzDecoder::new(compressed)
                 .take(limit.saturating_add(1024))
-                .read_to_end(&mut tar)
+                .read_to_end(&mut out)
                 .map_err(|e| FormatError::TocMember(format!("gzip: {e}")))?;
-            toc_json(&tar, limit)?
+            let json = toc_json(&out, limit)?;
+            512..512 + json.len()
         }
         Compression::Zstd => {
             zstd::stream::read::Decoder::new(compressed)
-                .and_then(|d| d.take(limit.saturating_add(1)).read_to_end(&mut tar))
+                .and_then(|d| d.take(limit.saturating_add(1)).read_to_end(&mut out))
                 .map_err(|e| FormatError::TocMember(format!("zstd: {e}")))?;
-            if tar.len() as u64 > limit {
+            if out.len() as u64 > limit {
                 return Err(FormatError::TocTooLarge { limit });
             }
-            &tar[..]
+            0..out.len()
         }
     };
-    let actual = sha256_digest(json);
+    out.truncate(json.end);
+    out.drain(..json.start);
+    let actual = sha256_digest(&out);
     if actual != expected_digest {
         return Err(FormatError::TocDigest { expected: expected_digest.to_owned(), actual });
     }
-    parse_toc(json, data_end)
+    Ok(out)
 }
 
 /// The JSON of the single `stargz.index.json` entry of the TOC member's tar.

@@ -368,6 +368,14 @@ pub(crate) mod tests {
         let toc = decode_toc(&blob_a[w.toc_offset as usize..], Compression::Gzip, w.toc_offset, &w.toc_digest, 1 << 20)
             .unwrap();
         let crate::estargz::Landmark::Prefetch { offset } = toc.landmark else { panic!("{:?}", toc.landmark) };
+        let json = crate::estargz::toc::verified_toc_json(
+            &blob_a[w.toc_offset as usize..],
+            Compression::Gzip,
+            &w.toc_digest,
+            1 << 20,
+        )
+        .unwrap();
+        assert_eq!(crate::estargz::hint::prefetch_landmark(&json), Some(offset), "the hint agrees with the parse");
         // Everything the listed files need lies before the landmark: etc, tagged, motd, hard.
         let before: Vec<&str> = toc
             .entries

@@ -5,6 +5,7 @@
 use super::RegistryError;
 use super::auth::{Challenge, Credentials, fetch_token, parse_challenge};
 use super::hosts::{Endpoint, Hosts};
+use super::range_stream::{RangeStream, collect, ended_early};
 use super::reference::ImageRef;
 use bytes::Bytes;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_LENGTH, CONTENT_RANGE, RANGE, WWW_AUTHENTICATE};
@@ -103,7 +104,11 @@ fn this_arch() -> &'static str {
 
 impl Registry {
     pub fn new(hosts: Hosts, credentials: Credentials) -> Registry {
-        Registry { hosts, credentials, clients: Mutex::new(HashMap::new()), auth: Mutex::new(HashMap::new()) }
+        // The client most endpoints use is made now: building one loads the system's trust
+        // roots, which took 25 ms of a layer's first request when it was left to then. If it
+        // fails, the first request that needs it reports why.
+        let clients = build_client(false, Vec::new()).map(|c| ((false, Vec::new()), c)).into_iter().collect();
+        Registry { hosts, credentials, clients: Mutex::new(clients), auth: Mutex::new(HashMap::new()) }
     }
 
     /// The client for `ep`'s TLS settings. Its CA files are read when first needed, so a bad
@@ -125,17 +130,10 @@ impl Registry {
             }
             roots.extend(certs);
         }
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .read_timeout(Duration::from_secs(60))
-            .danger_accept_invalid_certs(ep.skip_verify)
-            .tls_certs_merge(roots)
-            .user_agent(concat!("strata/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| RegistryError::Config {
-                path: "hosts.toml".into(),
-                reason: format!("an HTTP client for {}: {}", ep.base, super::with_causes(&e)),
-            })?;
+        let client = build_client(ep.skip_verify, roots).map_err(|e| RegistryError::Config {
+            path: "hosts.toml".into(),
+            reason: format!("an HTTP client for {}: {}", ep.base, super::with_causes(&e)),
+        })?;
         clients.insert(key, client.clone());
         Ok(client)
     }
@@ -238,7 +236,7 @@ impl Registry {
             let start = size.saturating_sub(len);
             return Ok((self.blob_range(image, digest, start..size).await?, size));
         };
-        collect(RangeStream { resp, url, range: start..size, got: 0 }).await.map(|body| (body, size))
+        collect(RangeStream::new(resp, url, start..size)).await.map(|body| (body, size))
     }
 
     /// Bytes `range` of blob `digest`; exactly those bytes, or an error.
@@ -273,7 +271,7 @@ impl Registry {
         if !content_range.starts_with(&expected_prefix) {
             return Err(bad(format!("Content-Range {content_range:?}")));
         }
-        Ok(RangeStream { resp, url, range, got: 0 })
+        Ok(RangeStream::new(resp, url, range))
     }
 
     /// Streams blob `digest` into `out`, checking that its bytes hash to the digest; returns
@@ -425,46 +423,14 @@ impl Registry {
     }
 }
 
-/// The body of a ranged read, as it arrives.
-#[derive(Debug)]
-pub struct RangeStream {
-    resp: reqwest::Response,
-    url: String,
-    range: Range<u64>,
-    got: u64,
-}
-
-impl RangeStream {
-    /// The next bytes of the range, or `None` once all of it has come. A body that ends short
-    /// or runs long is an error: never more than was asked for is held, whatever the server
-    /// sends.
-    pub async fn next(&mut self) -> Result<Option<Bytes>, RegistryError> {
-        let want = self.range.end - self.range.start;
-        let bad = |got: String| RegistryError::Range {
-            url: self.url.clone(),
-            start: self.range.start,
-            end: self.range.end,
-            got,
-        };
-        match self.resp.chunk().await.map_err(|e| ended_early(&self.url, self.got, Some(want), &e))? {
-            Some(piece) if self.got + piece.len() as u64 > want => Err(bad(format!("more than {want} bytes"))),
-            Some(piece) => {
-                self.got += piece.len() as u64;
-                Ok(Some(piece))
-            }
-            None if self.got != want => Err(bad(format!("{} bytes", self.got))),
-            None => Ok(None),
-        }
-    }
-}
-
-/// All of a range, held in memory: it is only ever as long as was asked for.
-async fn collect(mut stream: RangeStream) -> Result<Bytes, RegistryError> {
-    let mut body = bytes::BytesMut::with_capacity((stream.range.end - stream.range.start) as usize);
-    while let Some(piece) = stream.next().await? {
-        body.extend_from_slice(&piece);
-    }
-    Ok(body.freeze())
+fn build_client(skip_verify: bool, roots: Vec<reqwest::Certificate>) -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .read_timeout(Duration::from_secs(60))
+        .danger_accept_invalid_certs(skip_verify)
+        .tls_certs_merge(roots)
+        .user_agent(concat!("strata/", env!("CARGO_PKG_VERSION")))
+        .build()
 }
 
 /// `bytes START-END/SIZE`, as numbers.
@@ -473,14 +439,6 @@ fn parse_content_range(value: &str) -> Option<(u64, u64, u64)> {
     let (start, end) = range.split_once('-')?;
     let (start, end, size) = (start.parse().ok()?, end.parse().ok()?, size.parse().ok()?);
     (start <= end && end < size).then_some((start, end, size))
-}
-
-/// A body that broke off: how far it got, and the transport's own reason with its causes, which
-/// reqwest's top-level message ("error decoding response body") leaves out.
-fn ended_early(url: &str, got: u64, expected: Option<u64>, e: &reqwest::Error) -> RegistryError {
-    let why = super::with_causes(e);
-    let of = expected.map(|n| format!(" of {n}")).unwrap_or_default();
-    RegistryError::Blob { url: url.to_owned(), reason: format!("the body ended early, after {got}{of} bytes ({why})") }
 }
 
 fn parse_manifest(image: &ImageRef, body: &[u8]) -> Result<RawManifest, RegistryError> {

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod client;
 pub mod hosts;
 pub mod push;
+pub mod range_stream;
 pub mod reference;
 
 pub use client::{Manifest, ManifestLayer, Registry};
