@@ -21,9 +21,7 @@ struct LandmarkEntry {
 /// stargz-snapshotter's and Strata's writers put it: an entry object whose first member is its
 /// `"name"`. `None` when there is no such landmark, or it is at offset 0 (nothing to prefetch).
 pub fn prefetch_landmark(json: &[u8]) -> Option<u64> {
-    let mut from = 0;
-    while let Some(at) = find(&json[from..], NEEDLE).map(|i| i + from) {
-        from = at + 1;
+    for at in memchr::memmem::find_iter(json, NEEDLE) {
         let Some(start) = entry_start(&json[..at]) else { continue };
         let mut objects = serde_json::Deserializer::from_slice(&json[start..]).into_iter::<LandmarkEntry>();
         let Some(Ok(entry)) = objects.next() else { continue };
@@ -46,10 +44,6 @@ fn entry_start(before: &[u8]) -> Option<usize> {
 fn trim_end(s: &[u8]) -> &[u8] {
     let n = s.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(0, |i| i + 1);
     &s[..n]
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 #[cfg(test)]
