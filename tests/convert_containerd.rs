@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::containerd::{registry, registry_log};
+use common::containerd::{ranged_answers, registry, registry_log};
 use common::node::Node;
 use common::*;
 use std::io::Read;
@@ -74,10 +74,15 @@ fn blob(digest: &str, repo: &str) -> Vec<u8> {
     out.stdout
 }
 
+/// Where a gzip layer blob's TOC starts, as its footer says.
+fn toc_offset_of(blob: &[u8]) -> u64 {
+    let footer = &blob[blob.len() - 51..];
+    u64::from_str_radix(std::str::from_utf8(&footer[16..32]).unwrap(), 16).unwrap()
+}
+
 /// A layer blob's TOC, found the way a reader finds it: by the footer.
 fn toc_of(blob: &[u8]) -> serde_json::Value {
-    let footer = &blob[blob.len() - 51..];
-    let offset = u64::from_str_radix(std::str::from_utf8(&footer[16..32]).unwrap(), 16).unwrap() as usize;
+    let offset = toc_offset_of(blob) as usize;
     let mut tar = Vec::new();
     flate2::read::GzDecoder::new(&blob[offset..]).read_to_end(&mut tar).unwrap();
     let size =
@@ -238,6 +243,85 @@ fn a_prefetch_list_puts_exactly_those_files_first_and_a_lazy_pull_fetches_them_i
         assert_eq!(whole, 1, "one GET of {size} bytes of {d}:\n{log}");
     }
     assert_eq!(node.run_sh(&image, "prefetched", "cat /etc/motd"), "strata layer two\n");
+}
+
+const TOC_OFFSET: &str = "containerd.io/snapshot/strata/toc.offset";
+const PREFETCH_END: &str = "containerd.io/snapshot/strata/prefetch.end";
+
+#[test]
+#[ignore = "needs root, containerd, ctr-remote and the test registry: run by .ci/run"]
+fn strata_images_tell_a_lazy_pull_where_the_toc_and_the_start_up_files_are() {
+    let work = tempfile::tempdir().unwrap();
+    let list = work.path().join("prefetch.txt");
+    std::fs::write(&list, "/bin/busybox\n/etc/motd\n").unwrap();
+    let src = format!("{}/strata/busybox:1", registry());
+    convert_ok(&[
+        "--prefetch-list",
+        list.to_str().unwrap(),
+        &src,
+        &format!("{}/strata/busybox:strata-hints", registry()),
+    ]);
+    let (m, _) = manifest("busybox:strata-hints");
+    // Each layer's descriptor says where its TOC starts and where its landmark is.
+    let mut layers = Vec::new();
+    for l in m["layers"].as_array().unwrap() {
+        let digest = l["digest"].as_str().unwrap().to_owned();
+        let blob = blob(&digest, "busybox");
+        let toc_offset = toc_offset_of(&blob);
+        let toc = toc_of(&blob);
+        let entries = toc["entries"].as_array().unwrap();
+        let landmark = entries.iter().find(|e| e["name"] == ".prefetch.landmark").unwrap()["offset"].as_u64().unwrap();
+        assert_eq!(l["annotations"][TOC_OFFSET], toc_offset.to_string(), "{l:#}");
+        assert_eq!(l["annotations"][PREFETCH_END], landmark.to_string(), "{l:#}");
+        layers.push((digest, blob.len() as u64 - toc_offset, landmark));
+    }
+
+    // A lazy pull reads the first layer's TOC and footer in one request, without the suffix
+    // read that finds the footer first (the TOCs of the layers after it are read ahead while
+    // it is prepared, before their own labels are known), and each layer's start-up files in
+    // one more.
+    let node = Node::start();
+    let mark = registry_log().len();
+    let image = node.rpull("busybox:strata-hints");
+    for (d, ..) in &layers {
+        assert_eq!(node.layer_when(d, |l| l["prefetch"] == "done")["lazy"], true);
+    }
+    let (first, toc_and_footer, _) = &layers[0];
+    let answers = ranged_answers(mark, first);
+    assert!(answers.contains(toc_and_footer), "the TOC and footer in one answer of {toc_and_footer}: {answers:?}");
+    assert!(!answers.contains(&65536), "no suffix read: {answers:?}");
+    for (d, _, landmark) in &layers {
+        let answers = ranged_answers(mark, d);
+        assert!(answers.contains(landmark), "the prefetch region in one answer of {landmark}: {answers:?}");
+    }
+    assert_eq!(node.run_sh(&image, "hinted", "cat /etc/motd"), "strata layer two\n");
+
+    // Hints that do not hold cost a request, never the pull: the same layers, with descriptors
+    // whose TOC offset lands inside the footer and whose landmark is off by a kilobyte.
+    let (mut m, _) = manifest("busybox:strata-hints");
+    for (l, (_, toc_and_footer, landmark)) in m["layers"].as_array_mut().unwrap().iter_mut().zip(&layers) {
+        let size = l["size"].as_u64().unwrap();
+        assert!(*toc_and_footer > 100);
+        l["annotations"][TOC_OFFSET] = (size - 20).to_string().into();
+        l["annotations"][PREFETCH_END] = (landmark + 1024).to_string().into();
+    }
+    let path = work.path().join("bad-hints.json");
+    std::fs::write(&path, serde_json::to_vec(&m).unwrap()).unwrap();
+    let url = format!("http://{}/v2/strata/busybox/manifests/strata-bad-hints", registry());
+    let body = format!("@{}", path.display());
+    let content_type = "Content-Type: application/vnd.oci.image.manifest.v1+json";
+    run("curl", &["-fsS", "-X", "PUT", "-H", content_type, "--data-binary", &body, &url]);
+    let node = Node::start();
+    let mark = registry_log().len();
+    let image = node.rpull("busybox:strata-bad-hints");
+    for (d, _, landmark) in &layers {
+        let l = node.layer_when(d, |l| l["prefetch"] == "done");
+        assert_eq!(l["lazy"], true, "{l:#}");
+        assert_eq!(l["prefetch_bytes"], *landmark, "the TOC's landmark, not the descriptor's: {l:#}");
+        let answers = ranged_answers(mark, d);
+        assert!(answers.contains(landmark), "the TOC's prefetch region in one answer of {landmark}: {answers:?}");
+    }
+    assert_eq!(node.run_sh(&image, "misled", "cat /etc/motd"), "strata layer two\n");
 }
 
 #[test]

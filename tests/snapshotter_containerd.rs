@@ -5,7 +5,7 @@
 mod common;
 
 use common::auth_registry::{Auth, AuthRegistry, PASSWORD, USER};
-use common::containerd::{Containerd, registry, registry_log};
+use common::containerd::{Containerd, ranged_answers, registry, registry_log};
 use common::faulty::{Fault, FaultyRegistry};
 use common::node::Node;
 use common::*;
@@ -334,16 +334,6 @@ fn the_prefetch_region_is_fetched_in_one_read_and_serves_the_start() {
     // region (a request made after the parse starts at the first file's data instead).
     let answers = ranged_answers(mark, &layers[0]);
     assert!(answers.contains(&prefetch), "one answer of {prefetch} bytes among {answers:?}");
-}
-
-/// The sizes of the ranged answers (206) for blob `digest` in the registry's log since `mark`.
-fn ranged_answers(mark: usize, digest: &str) -> Vec<u64> {
-    let blob = format!("/blobs/{digest} ");
-    registry_log()[mark..]
-        .lines()
-        .filter(|l| l.contains("\"GET /v2/strata/") && l.contains(&blob))
-        .filter_map(|l| l.split("\" 206 ").nth(1)?.split(' ').next()?.parse().ok())
-        .collect()
 }
 
 /// `strata_snapshotter_prefetch_wait_seconds`: how many container starts waited, and how long

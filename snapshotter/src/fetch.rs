@@ -24,7 +24,19 @@ pub(crate) struct InFlight {
 
 impl InFlight {
     pub(crate) fn begin(blob: &Arc<Blob>, range: std::ops::Range<u64>, ahead: bool) -> Option<InFlight> {
-        let done = blob.walk.lock().unwrap_or_else(|p| p.into_inner()).begin(range.clone(), ahead)?;
+        let mut walk = blob.walk.lock().unwrap_or_else(|p| p.into_inner());
+        InFlight::begin_in(blob, &mut walk, range, ahead)
+    }
+
+    /// As [`InFlight::begin`], under the walk's lock already held: what was chosen under it
+    /// is recorded before another read can choose the same chunks.
+    fn begin_in(
+        blob: &Arc<Blob>,
+        walk: &mut readaround::Walk,
+        range: std::ops::Range<u64>,
+        ahead: bool,
+    ) -> Option<InFlight> {
+        let done = walk.begin(range.clone(), ahead)?;
         Some(InFlight { blob: blob.clone(), range, done })
     }
 }
@@ -80,12 +92,19 @@ impl Fetcher for LayerFetcher {
             blob.demand.fetch_add(1, Ordering::Relaxed);
             let _demand = DemandGuard(blob.clone());
             let _busy = blob.activity.read();
-            if let Some(bytes) = from_in_flight(&blob, &pieces, &key, chunk.offset).await {
-                return Ok(bytes);
-            }
-            let (extra, window) = read_around(&blob, &pieces, &path, &chunk);
-            let end = extra.iter().map(|(_, c)| c.compressed_end).fold(chunk.compressed_end, u64::max);
-            let in_flight = InFlight::begin(&blob, chunk.offset..end, false);
+            // Another read may start fetching this chunk between the wait and the choice of
+            // a range; the choice then says so, and this read waits for that fetch instead. A
+            // chunk that fetch cached but that cannot be read back is fetched here after all.
+            let mut waits = 0;
+            let Around { extra, window, end, in_flight } = loop {
+                if let Some(bytes) = from_in_flight(&blob, &pieces, &key, chunk.offset).await {
+                    return Ok(bytes);
+                }
+                waits += 1;
+                if let Some(around) = read_around(&blob, &pieces, &path, &chunk, waits > 3) {
+                    break around;
+                }
+            };
             let registry_err = |e| Arc::new(ChunkFetchError::from(e)) as FetchError;
             let mut stream = blob
                 .registry
@@ -135,12 +154,30 @@ impl Fetcher for LayerFetcher {
     }
 }
 
+/// What a demand read fetches: its chunk, and the chunks after it (`extra`) to `end`, recorded
+/// in flight; `window` is the walk's window.
+struct Around {
+    extra: Vec<(String, Chunk)>,
+    window: u64,
+    end: u64,
+    in_flight: Option<InFlight>,
+}
+
 /// The chunks to fetch along with `chunk` of `path` if demand reads are walking the blob, and
-/// the walk's window. Only other files' chunks: cachefs reads ahead within a file itself, and
-/// its reads of the file's next chunks may be on their way already.
-fn read_around(blob: &Blob, pieces: &Pieces, path: &str, chunk: &Chunk) -> (Vec<(String, Chunk)>, u64) {
-    let Some(cache) = blob.cache.get() else { return (Vec::new(), 0) };
+/// the walk's window, recorded in flight before the walk's lock is let go. Only other files'
+/// chunks: cachefs reads ahead within a file itself, and its reads of the file's next chunks
+/// may be on their way already. `None` if a fetch in flight covers `chunk` by now, unless
+/// `anyway`.
+fn read_around(blob: &Arc<Blob>, pieces: &Pieces, path: &str, chunk: &Chunk, anyway: bool) -> Option<Around> {
     let mut walk = blob.walk.lock().unwrap_or_else(|p| p.into_inner());
+    let alone = |walk: &mut readaround::Walk| {
+        let in_flight = InFlight::begin_in(blob, walk, chunk.offset..chunk.compressed_end, false);
+        Some(Around { extra: Vec::new(), window: 0, end: chunk.compressed_end, in_flight })
+    };
+    let Some(cache) = blob.cache.get() else { return alone(&mut walk) };
+    if !anyway && walk.in_flight_over(chunk.offset).is_some() {
+        return None;
+    }
     let from = walk.frontier();
     if readaround::skipped_only(pieces, from, chunk.offset, |p| {
         cached(cache, p) || walk.overlaps(&(p.1.offset..p.1.compressed_end))
@@ -149,14 +186,17 @@ fn read_around(blob: &Blob, pieces: &Pieces, path: &str, chunk: &Chunk) -> (Vec<
     }
     let window = walk.read(chunk.offset, chunk.compressed_end);
     if window == 0 {
-        return (Vec::new(), 0);
+        return alone(&mut walk);
     }
     let limit = chunk.compressed_end + window;
     let extra = readaround::following(pieces, chunk.compressed_end, limit, |p| {
         p.0 == path || cached(cache, p) || walk.overlaps(&(p.1.offset..p.1.compressed_end))
-    });
-    walk.reached(extra.last().map_or(chunk.compressed_end, |(_, c)| c.compressed_end));
-    (extra.to_vec(), window)
+    })
+    .to_vec();
+    let end = extra.last().map_or(chunk.compressed_end, |(_, c)| c.compressed_end);
+    walk.reached(end);
+    let in_flight = InFlight::begin_in(blob, &mut walk, chunk.offset..end, false);
+    Some(Around { extra, window, end, in_flight })
 }
 
 fn cached(cache: &strata_tiering::TieredCache, (path, c): &(String, Chunk)) -> bool {
@@ -168,18 +208,20 @@ fn cached(cache: &strata_tiering::TieredCache, (path, c): &(String, Chunk)) -> b
 /// reading the layer through, and it goes on until the layer ends or the walk is overtaken.
 fn read_ahead(blob: &Arc<Blob>, pieces: &Pieces, from: u64) {
     let Some(cache) = blob.cache.get() else { return };
-    // Past what earlier windows cover, whoever asks.
-    let extra = {
-        let walk = blob.walk.lock().unwrap_or_else(|p| p.into_inner());
+    // Past what earlier windows cover, whoever asks; recorded in flight under the same lock, so
+    // two reads ahead never choose the same chunks.
+    let (extra, range, in_flight) = {
+        let mut walk = blob.walk.lock().unwrap_or_else(|p| p.into_inner());
         let from = from.max(walk.frontier());
-        readaround::following(pieces, from, from + MAX_WINDOW, |p| {
+        let extra = readaround::following(pieces, from, from + MAX_WINDOW, |p| {
             cached(cache, p) || walk.overlaps(&(p.1.offset..p.1.compressed_end))
         })
-        .to_vec()
+        .to_vec();
+        let (Some(first), Some(last)) = (extra.first(), extra.last()) else { return };
+        let range = first.1.offset..last.1.compressed_end;
+        let Some(in_flight) = InFlight::begin_in(blob, &mut walk, range.clone(), true) else { return };
+        (extra, range, in_flight)
     };
-    let (Some(first), Some(last)) = (extra.first(), extra.last()) else { return };
-    let range = first.1.offset..last.1.compressed_end;
-    let Some(in_flight) = InFlight::begin(blob, range.clone(), true) else { return };
     let blob = blob.clone();
     let pieces = pieces.clone();
     let cache = cache.clone();

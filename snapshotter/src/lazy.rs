@@ -28,6 +28,10 @@ pub const REMOTE_VALUE: &str = "remote snapshot";
 /// The chain ID containerd wants the layer committed as.
 pub const TARGET_LABEL: &str = "containerd.io/snapshot.ref";
 pub const TOC_LABEL: &str = "containerd.io/snapshot/stargz/toc.digest";
+/// The layer annotations `strata convert` writes (see `convert::image`), which containerd
+/// passes on as labels.
+const TOC_OFFSET_LABEL: &str = crate::convert::image::TOC_OFFSET;
+const PREFETCH_END_LABEL: &str = crate::convert::image::PREFETCH_END;
 const CRI_REF: &str = "containerd.io/snapshot/cri.image-ref";
 const CRI_DIGEST: &str = "containerd.io/snapshot/cri.layer-digest";
 const STARGZ_REF: &str = "containerd.io/snapshot/remote/stargz.reference";
@@ -48,6 +52,10 @@ pub struct LayerSource {
     pub digest: String,
     /// The eStargz TOC digest, for a layer that can be lazy.
     pub toc_digest: Option<String>,
+    /// Where `strata convert` says the TOC and the prefetch landmark are: hints, which save
+    /// round trips when they hold.
+    pub toc_offset: Option<u64>,
+    pub prefetch_end: Option<u64>,
 }
 
 /// What to do with a Prepare: `None` leaves it to the ordinary path (no target to commit
@@ -62,7 +70,16 @@ pub fn source(labels: &BTreeMap<String, String>) -> Option<Result<LayerSource, S
     match (reference, digest) {
         (Some(r), Some(d)) => Some(
             ImageRef::parse(r)
-                .map(|image| LayerSource { image, digest: d.clone(), toc_digest })
+                .map(|image| {
+                    let hint = |key: &str| labels.get(key).and_then(|v| v.parse::<u64>().ok());
+                    LayerSource {
+                        image,
+                        digest: d.clone(),
+                        toc_digest,
+                        toc_offset: hint(TOC_OFFSET_LABEL),
+                        prefetch_end: hint(PREFETCH_END_LABEL).filter(|end| *end > 0),
+                    }
+                })
                 .map_err(|e| e.to_string()),
         ),
         _ if toc_digest.is_some() => Some(Err(format!(
@@ -309,27 +326,43 @@ impl Lazy {
         fresh: Fresh,
     ) -> Result<Started, RemoteError> {
         let started = std::time::Instant::now();
+        // With the descriptor's word for where the start-up files end, they are asked for now,
+        // beside the TOC; the fill takes them if the TOC agrees.
+        let mut early = match (fresh, src.prefetch_end) {
+            (Fresh::Yes, Some(end)) => Some(self.early_prefetch(src, end)),
+            _ => None,
+        };
         let (member, toc_read_ahead) = match self.take_ahead(&src.digest) {
             Some(read) => match read.await {
                 Ok(m) => (m, true),
                 // Read ahead and failed: try once more now, as if it had not been.
-                Err(_) => {
-                    (Arc::new(fetch_toc(&self.registry, &src.image, &src.digest, self.opts.max_toc_size).await?), false)
-                }
+                Err(_) => (
+                    Arc::new(
+                        fetch_toc(&self.registry, &src.image, &src.digest, self.opts.max_toc_size, src.toc_offset)
+                            .await?,
+                    ),
+                    false,
+                ),
             },
-            None => {
-                (Arc::new(fetch_toc(&self.registry, &src.image, &src.digest, self.opts.max_toc_size).await?), false)
-            }
+            None => (
+                Arc::new(
+                    fetch_toc(&self.registry, &src.image, &src.digest, self.opts.max_toc_size, src.toc_offset).await?,
+                ),
+                false,
+            ),
         };
         let toc_read = started.elapsed();
         let checked = check_toc(&src.image, &src.digest, &member, toc_digest, &self.opts).await?;
-        // The start-up bytes are asked for now, while the TOC is parsed, if the TOC seems to say
-        // where they end; the fill takes them if the parse agrees. A layer mounted again after a
-        // restart most likely has them cached already.
-        let early = match (fresh, checked.landmark_hint) {
-            (Fresh::Yes, Some(end)) => Some(self.early_prefetch(src, end)),
-            _ => None,
-        };
+        // Else the start-up bytes are asked for now, while the TOC is parsed, if the TOC seems to
+        // say where they end; the fill takes them if the parse agrees. The TOC's word beats the
+        // descriptor's: a request for another range is replaced (and stopped as it is dropped).
+        // A layer mounted again after a restart most likely has them cached already.
+        if fresh == Fresh::Yes
+            && let Some(end) = checked.landmark_hint
+            && early.as_ref().is_none_or(|e| e.end != end)
+        {
+            early = Some(self.early_prefetch(src, end));
+        }
         // An early request dropped on the way out (a TOC that does not parse) is stopped.
         let ns = namespace(self.registry.clone(), &src.image, &src.digest, &member, checked.json, &self.opts).await?;
         let toc_checked = started.elapsed();
@@ -381,7 +414,7 @@ impl Lazy {
             let (registry, image, d, max) =
                 (self.registry.clone(), src.image.clone(), digest.to_owned(), self.opts.max_toc_size);
             let read: TocRead =
-                async move { fetch_toc(&registry, &image, &d, max).await.map(Arc::new).map_err(Arc::new) }
+                async move { fetch_toc(&registry, &image, &d, max, None).await.map(Arc::new).map_err(Arc::new) }
                     .boxed()
                     .shared();
             tokio::spawn(read.clone());
@@ -621,5 +654,17 @@ mod tests {
         assert_eq!(source(&legacy).unwrap().unwrap().digest, "sha256:s");
         let e = source(&labels(&[(TARGET_LABEL, "sha256:t"), (TOC_LABEL, "sha256:t")])).unwrap().unwrap_err();
         assert!(e.contains("disable_snapshot_annotations"), "{e}");
+    }
+
+    #[test]
+    fn strata_convert_hints_are_read_and_nonsense_in_them_is_ignored() {
+        let base =
+            [(TARGET_LABEL, "sha256:t"), (TOC_LABEL, "sha256:t"), (CRI_REF, "r.io/a:1"), (CRI_DIGEST, "sha256:c")];
+        let with = |extra: &[(&str, &str)]| source(&labels(&[&base[..], extra].concat())).unwrap().unwrap();
+        let s = with(&[(TOC_OFFSET_LABEL, "80329369"), (PREFETCH_END_LABEL, "4265106")]);
+        assert_eq!((s.toc_offset, s.prefetch_end), (Some(80329369), Some(4265106)));
+        let s = with(&[(TOC_OFFSET_LABEL, "-1"), (PREFETCH_END_LABEL, "0")]);
+        assert_eq!((s.toc_offset, s.prefetch_end), (None, None), "a hint that cannot be one is none");
+        assert_eq!(with(&[]).toc_offset, None);
     }
 }

@@ -95,18 +95,40 @@ const TAIL_READ: u64 = 64 << 10;
 
 /// Finds blob `digest`'s footer (and the blob's size, in the same read) and reads its TOC
 /// member, which may be at most `max_toc_size` bytes (compressed): a footer pointing far back
-/// cannot make the daemon read a whole blob into memory.
+/// cannot make the daemon read a whole blob into memory. `toc_offset` is where the layer's
+/// descriptor says the TOC starts (`strata convert` writes it): then the TOC and the footer
+/// come in one read of everything from there on. A hint that does not hold costs the read it
+/// made, and the TOC is found from the footer as without one.
 pub async fn fetch_toc(
     registry: &Registry,
     image: &ImageRef,
     digest: &str,
     max_toc_size: u64,
+    toc_offset: Option<u64>,
 ) -> Result<TocMember, RemoteError> {
     let reg_err = |source| RemoteError::Registry { image: image.to_string(), layer: digest.to_owned(), source };
     let fmt_err = |source| RemoteError::Format { image: image.to_string(), layer: digest.to_owned(), source };
-    let (tail, size) = registry.blob_tail(image, digest, TAIL_READ.max(MAX_FOOTER_SIZE)).await.map_err(reg_err)?;
+    let hinted = match toc_offset {
+        Some(at) => registry
+            .blob_from(image, digest, at, max_toc_size.saturating_add(MAX_FOOTER_SIZE))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|(tail, size)| Ok((estargz::parse_footer(&tail, size).map_err(|e| e.to_string())?, tail, size)))
+            .inspect_err(|why| {
+                tracing::debug!(layer = digest, toc_offset = at, why, "the TOC is not where the descriptor says")
+            })
+            .ok(),
+        None => None,
+    };
+    let (footer, tail, size) = match hinted {
+        Some(read) => read,
+        None => {
+            let (tail, size) =
+                registry.blob_tail(image, digest, TAIL_READ.max(MAX_FOOTER_SIZE)).await.map_err(reg_err)?;
+            (estargz::parse_footer(&tail, size).map_err(fmt_err)?, tail, size)
+        }
+    };
     let tail_start = size - tail.len() as u64;
-    let footer = estargz::parse_footer(&tail, size).map_err(fmt_err)?;
     if footer.toc_end - footer.toc_offset > max_toc_size {
         return Err(fmt_err(FormatError::TocTooLarge { limit: max_toc_size }));
     }
@@ -203,7 +225,7 @@ pub async fn open_layer(
     toc_digest: &str,
     opts: &RemoteOptions,
 ) -> Result<LayerNamespace, RemoteError> {
-    let member = fetch_toc(&registry, image, digest, opts.max_toc_size).await?;
+    let member = fetch_toc(&registry, image, digest, opts.max_toc_size, None).await?;
     build_layer(registry, image, digest, &member, toc_digest, opts).await
 }
 

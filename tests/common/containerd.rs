@@ -28,6 +28,16 @@ pub fn registry_log() -> String {
     std::fs::read_to_string(path).unwrap()
 }
 
+/// The sizes of the ranged answers (206) for blob `digest` in the registry's log since `mark`.
+pub fn ranged_answers(mark: usize, digest: &str) -> Vec<u64> {
+    let blob = format!("/blobs/{digest} ");
+    registry_log()[mark..]
+        .lines()
+        .filter(|l| l.contains("\"GET /v2/strata/") && l.contains(&blob))
+        .filter_map(|l| l.split("\" 206 ").nth(1)?.split(' ').next()?.parse().ok())
+        .collect()
+}
+
 impl Containerd {
     /// Starts containerd with `[proxy_plugins.strata]` dialling `snapshotter_socket`, without
     /// its CRI plugin.

@@ -77,6 +77,8 @@ pub struct Written {
     pub toc_raw_size: u64,
     /// `sha256:` of the compressed TOC (zstd:chunked's `manifest-checksum`).
     pub toc_compressed_digest: String,
+    /// Where `.prefetch.landmark` is: the start-up files come before it.
+    pub prefetch_end: Option<u64>,
 }
 
 /// A ustar header of a regular file with only a name and a size, as the reference writer
@@ -199,6 +201,12 @@ pub fn write<R: Read + Seek, W: Write>(
     for e in toc.entries.iter_mut().filter(|e| !e.chunk_digest.is_empty()) {
         e.offset = starts[e.offset as usize] as i64;
     }
+    let prefetch_end = toc
+        .entries
+        .iter()
+        .find(|e| e.name == crate::estargz::toc::PREFETCH_LANDMARK)
+        .map(|e| e.offset as u64)
+        .filter(|o| *o > 0);
     let json = toc.json();
     // What Strata writes, Strata must read: a tar whose entries do not form a tree (a file
     // used as a directory, say) is refused here, with the reader's reason, not published.
@@ -240,6 +248,7 @@ pub fn write<R: Read + Seek, W: Write>(
         toc_size,
         toc_raw_size: json.len() as u64,
         toc_compressed_digest,
+        prefetch_end,
     };
     Ok((written, out))
 }
@@ -336,6 +345,7 @@ pub(crate) mod tests {
         assert_eq!(by_name("etc/motd").uid, 1000);
         assert_eq!(by_name("etc/motd").mtime, 1_700_000_000);
         assert_eq!(toc.landmark, crate::estargz::Landmark::NoPrefetch);
+        assert_eq!(w.prefetch_end, None);
         // The stream is the input's entries, then the TOC entry and the end of the archive.
         let mut raw = Vec::new();
         flate2::read::MultiGzDecoder::new(&blob[..]).read_to_end(&mut raw).unwrap();
@@ -376,6 +386,7 @@ pub(crate) mod tests {
         )
         .unwrap();
         assert_eq!(crate::estargz::hint::prefetch_landmark(&json), Some(offset), "the hint agrees with the parse");
+        assert_eq!(w.prefetch_end, Some(offset), "the descriptor's hint agrees too");
         // Everything the listed files need lies before the landmark: etc, tagged, motd, hard.
         let before: Vec<&str> = toc
             .entries

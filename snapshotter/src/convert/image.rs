@@ -28,6 +28,12 @@ const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+j
 const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
 pub const TOC_DIGEST: &str = "containerd.io/snapshot/stargz/toc.digest";
 pub const UNCOMPRESSED_SIZE: &str = "io.containers.estargz.uncompressed-size";
+/// Where the TOC starts: from there to the end of the blob are the TOC and the footer, so a
+/// lazy pull reads both in one request, with no suffix read first. A hint, as the next one:
+/// stargz-snapshotter ignores both, and Strata checks what they lead to.
+pub const TOC_OFFSET: &str = "containerd.io/snapshot/strata/toc.offset";
+/// Where `.prefetch.landmark` is, so a lazy pull asks for the start-up files before the TOC.
+pub const PREFETCH_END: &str = "containerd.io/snapshot/strata/prefetch.end";
 /// Layer media types the converter reads; the compression is told by the bytes themselves.
 const LAYER_TYPES: [&str; 5] = [
     "application/vnd.oci.image.layer.v1.tar",
@@ -281,9 +287,17 @@ impl Ctx<'_> {
         pushed?;
         self.progress.layer_done(&digest, &converted);
         let mut annotations = desc["annotations"].as_object().cloned().unwrap_or_default();
-        annotations.retain(|k, _| !k.starts_with("containerd.io/snapshot/stargz/") && !k.starts_with("io.containers."));
+        annotations.retain(|k, _| {
+            !k.starts_with("containerd.io/snapshot/stargz/")
+                && !k.starts_with("containerd.io/snapshot/strata/")
+                && !k.starts_with("io.containers.")
+        });
         annotations.insert(TOC_DIGEST.into(), w.toc_digest.clone().into());
         annotations.insert(UNCOMPRESSED_SIZE.into(), w.uncompressed_size.to_string().into());
+        annotations.insert(TOC_OFFSET.into(), w.toc_offset.to_string().into());
+        if let Some(end) = w.prefetch_end {
+            annotations.insert(PREFETCH_END.into(), end.to_string().into());
+        }
         if self.job.options.format == Format::ZstdChunked {
             annotations.insert(ZSTD_CHECKSUM.into(), w.toc_compressed_digest.clone().into());
             let position = format!("{}:{}:{}:1", w.toc_offset, w.toc_size, w.toc_raw_size);

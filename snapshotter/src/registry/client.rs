@@ -207,29 +207,13 @@ impl Registry {
     /// size, in one round trip: a suffix range, whose answer names the size. A server that
     /// will not answer a suffix range costs a HEAD and an ordinary range instead.
     pub async fn blob_tail(&self, image: &ImageRef, digest: &str, len: u64) -> Result<(Bytes, u64), RegistryError> {
-        let header = format!("bytes=-{len}");
-        let resp = self
-            .send(image, &format!("/blobs/{digest}"), Method::GET, |r| r.header(RANGE, header.clone()), Need::Pull)
-            .await?;
-        let url = resp.url().to_string();
-        // What the answer holds: from `start` to the end of a blob of `size` bytes.
-        let tail = match resp.status() {
-            StatusCode::PARTIAL_CONTENT => {
-                let content_range = resp.headers().get(CONTENT_RANGE).and_then(|v| v.to_str().ok()).unwrap_or("");
-                match parse_content_range(content_range) {
-                    Some((start, end, size)) if end + 1 == size && size - start <= len => Some((start, size)),
-                    _ => {
-                        return Err(RegistryError::Blob {
-                            url,
-                            reason: format!("asked for the last {len} bytes and got Content-Range {content_range:?}"),
-                        });
-                    }
-                }
-            }
-            // The whole blob, shorter than what was asked for.
-            StatusCode::OK if resp.content_length().is_some_and(|n| n <= len) => resp.content_length().map(|n| (0, n)),
+        let (resp, url, tail) =
+            self.end_of_blob(image, digest, &format!("bytes=-{len}"), |start, size| size - start <= len).await?;
+        // Else the whole blob, if it is shorter than what was asked for.
+        let tail = tail.or_else(|| match resp.status() {
+            StatusCode::OK => resp.content_length().filter(|n| *n <= len).map(|n| (0, n)),
             _ => None,
-        };
+        });
         let Some((start, size)) = tail else {
             drop(resp);
             let size = self.blob_size(image, digest).await?;
@@ -237,6 +221,53 @@ impl Registry {
             return Ok((self.blob_range(image, digest, start..size).await?, size));
         };
         collect(RangeStream::new(resp, url, start..size)).await.map(|body| (body, size))
+    }
+
+    /// Blob `digest` from byte `start` to its end, and the blob's size, in one round trip (an
+    /// open-ended range); an error if that is more than `limit` bytes or the server will not
+    /// answer such a range.
+    pub async fn blob_from(
+        &self,
+        image: &ImageRef,
+        digest: &str,
+        start: u64,
+        limit: u64,
+    ) -> Result<(Bytes, u64), RegistryError> {
+        let (resp, url, got) = self
+            .end_of_blob(image, digest, &format!("bytes={start}-"), |s, size| s == start && size - s <= limit)
+            .await?;
+        match got {
+            Some((start, size)) => collect(RangeStream::new(resp, url, start..size)).await.map(|body| (body, size)),
+            None => {
+                Err(RegistryError::Blob { url, reason: format!("asked for bytes {start}- and got {}", resp.status()) })
+            }
+        }
+    }
+
+    /// Asks for a range of blob `digest` that ends the blob (`header`). For a 206, where the
+    /// answer starts and the blob's size, which `fits` must accept; `None` for other statuses,
+    /// left to the caller with the answer.
+    async fn end_of_blob(
+        &self,
+        image: &ImageRef,
+        digest: &str,
+        header: &str,
+        fits: impl Fn(u64, u64) -> bool,
+    ) -> Result<(reqwest::Response, String, Option<(u64, u64)>), RegistryError> {
+        let resp =
+            self.send(image, &format!("/blobs/{digest}"), Method::GET, |r| r.header(RANGE, header), Need::Pull).await?;
+        let url = resp.url().to_string();
+        if resp.status() != StatusCode::PARTIAL_CONTENT {
+            return Ok((resp, url, None));
+        }
+        let content_range = resp.headers().get(CONTENT_RANGE).and_then(|v| v.to_str().ok()).unwrap_or("");
+        match parse_content_range(content_range) {
+            Some((start, end, size)) if end + 1 == size && fits(start, size) => Ok((resp, url, Some((start, size)))),
+            _ => Err(RegistryError::Blob {
+                url,
+                reason: format!("asked for {header} and got Content-Range {content_range:?}"),
+            }),
+        }
     }
 
     /// Bytes `range` of blob `digest`; exactly those bytes, or an error.
