@@ -80,6 +80,22 @@ fn toc_offset_of(blob: &[u8]) -> u64 {
     u64::from_str_radix(std::str::from_utf8(&footer[16..32]).unwrap(), 16).unwrap()
 }
 
+/// Converts the test registry's `busybox:1` to `busybox:TAG` with the prefetch list `list`
+/// (written into `work`).
+fn convert_busybox_with_prefetch_list(work: &Path, list: &str, tag: &str) {
+    let path = work.join("prefetch.txt");
+    std::fs::write(&path, list).unwrap();
+    let (src, dst) = (format!("{}/strata/busybox:1", registry()), format!("{}/strata/busybox:{tag}", registry()));
+    convert_ok(&["--prefetch-list", path.to_str().unwrap(), &src, &dst]);
+}
+
+/// The offset the TOC of a gzip layer blob gives `.prefetch.landmark`.
+fn landmark_of(blob: &[u8]) -> u64 {
+    let toc = toc_of(blob);
+    let entries = toc["entries"].as_array().unwrap();
+    entries.iter().find(|e| e["name"] == ".prefetch.landmark").unwrap()["offset"].as_u64().unwrap()
+}
+
 /// A layer blob's TOC, found the way a reader finds it: by the footer.
 fn toc_of(blob: &[u8]) -> serde_json::Value {
     let offset = toc_offset_of(blob) as usize;
@@ -203,11 +219,8 @@ fn conversion_keeps_every_file_as_umoci_unpacks_it_and_gives_the_same_bytes_ever
 #[ignore = "needs root, containerd and the test registry: run by .ci/run"]
 fn a_prefetch_list_puts_exactly_those_files_first_and_a_lazy_pull_fetches_them_in_one_request() {
     let work = tempfile::tempdir().unwrap();
-    let list = work.path().join("prefetch.txt");
-    std::fs::write(&list, "# read at start-up\n/bin/busybox\n/etc/motd\n/not/in/the/image\n").unwrap();
-    let src = format!("{}/strata/busybox:1", registry());
-    let dst = format!("{}/strata/busybox:strata-prefetch", registry());
-    convert_ok(&["--prefetch-list", list.to_str().unwrap(), &src, &dst]);
+    let list = "# read at start-up\n/bin/busybox\n/etc/motd\n/not/in/the/image\n";
+    convert_busybox_with_prefetch_list(work.path(), list, "strata-prefetch");
     let (m, _) = manifest("busybox:strata-prefetch");
     let digests: Vec<String> =
         m["layers"].as_array().unwrap().iter().map(|l| l["digest"].as_str().unwrap().to_owned()).collect();
@@ -221,9 +234,7 @@ fn a_prefetch_list_puts_exactly_those_files_first_and_a_lazy_pull_fetches_them_i
         let files: Vec<&String> = before.iter().filter(|n| !listed[0].starts_with(&format!("{n}/"))).collect();
         assert_eq!(files, [&listed[0].to_owned()], "{before:?}");
         assert!(!names.contains(&".no.prefetch.landmark".to_owned()));
-        let toc = toc_of(&blob);
-        let entries = toc["entries"].as_array().unwrap();
-        let landmark = entries.iter().find(|e| e["name"] == ".prefetch.landmark").unwrap()["offset"].as_u64().unwrap();
+        let landmark = landmark_of(&blob);
         // The region is asked for while the TOC is parsed, from the blob's first byte to the
         // landmark.
         regions.push(landmark);
@@ -252,15 +263,7 @@ const PREFETCH_END: &str = "containerd.io/snapshot/strata/prefetch.end";
 #[ignore = "needs root, containerd, ctr-remote and the test registry: run by .ci/run"]
 fn strata_images_tell_a_lazy_pull_where_the_toc_and_the_start_up_files_are() {
     let work = tempfile::tempdir().unwrap();
-    let list = work.path().join("prefetch.txt");
-    std::fs::write(&list, "/bin/busybox\n/etc/motd\n").unwrap();
-    let src = format!("{}/strata/busybox:1", registry());
-    convert_ok(&[
-        "--prefetch-list",
-        list.to_str().unwrap(),
-        &src,
-        &format!("{}/strata/busybox:strata-hints", registry()),
-    ]);
+    convert_busybox_with_prefetch_list(work.path(), "/bin/busybox\n/etc/motd\n", "strata-hints");
     let (m, _) = manifest("busybox:strata-hints");
     // Each layer's descriptor says where its TOC starts and where its landmark is.
     let mut layers = Vec::new();
@@ -268,9 +271,7 @@ fn strata_images_tell_a_lazy_pull_where_the_toc_and_the_start_up_files_are() {
         let digest = l["digest"].as_str().unwrap().to_owned();
         let blob = blob(&digest, "busybox");
         let toc_offset = toc_offset_of(&blob);
-        let toc = toc_of(&blob);
-        let entries = toc["entries"].as_array().unwrap();
-        let landmark = entries.iter().find(|e| e["name"] == ".prefetch.landmark").unwrap()["offset"].as_u64().unwrap();
+        let landmark = landmark_of(&blob);
         assert_eq!(l["annotations"][TOC_OFFSET], toc_offset.to_string(), "{l:#}");
         assert_eq!(l["annotations"][PREFETCH_END], landmark.to_string(), "{l:#}");
         layers.push((digest, blob.len() as u64 - toc_offset, landmark));

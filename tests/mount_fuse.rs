@@ -559,15 +559,21 @@ fn fuse_root_failed_upload_is_an_error_from_fsync_and_close() {
     lock("-i");
     // The kernel's release comes after close returned; it must not upload either file now that
     // the store would take them.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while m.log().matches("not uploaded at release").count() < 2 && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(Duration::from_secs(10), || m.log().matches("not uploaded at release").count() >= 2);
     std::thread::sleep(Duration::from_millis(300));
     assert!(!src.path().join("locked/x").exists() && !src.path().join("locked/y").exists());
     assert!(m.log().contains("uploading locked/x failed"), "{}", m.log());
     assert_eq!(m.log().matches("not uploaded at release").count(), 2, "{}", m.log());
     m.stop();
+}
+
+/// Polls `done` every 50 ms until it holds or `limit` has passed; the caller asserts what it
+/// needs after.
+fn wait_until(limit: Duration, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Unmounts a tmpfs on drop, first of all, so a failing test leaves none behind.
@@ -603,19 +609,13 @@ fn fuse_root_a_full_staging_disk_is_enospc_to_the_writer() {
     assert!(m.log().contains("the staging disk is full"), "{}", m.log());
     // The file had a hole its writer was told of: close did not upload the part that fitted,
     // and the release after it dropped the staged bytes, giving the space back.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !m.log().contains("not uploaded: a write to it failed") && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(Duration::from_secs(10), || m.log().contains("not uploaded: a write to it failed"));
     // dd closes its first descriptor of the file before writing (it writes through a copy),
     // which publishes the file as it was then: empty. No byte of the refused content follows.
     let size = |p: std::path::PathBuf| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
     assert_eq!(size(src.path().join("ckpt.bin")), 0, "no byte of the failed write reached the store\n{}", m.log());
     // The kernel asks again for the size its writes had raised.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while size(m.path("ckpt.bin")) != 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(Duration::from_secs(5), || size(m.path("ckpt.bin")) == 0);
     assert_eq!(size(m.path("ckpt.bin")), 0, "the mount shows what the store holds");
     let staged = std::fs::read_dir(&tmpfs.0)
         .unwrap()

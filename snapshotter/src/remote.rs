@@ -109,15 +109,7 @@ pub async fn fetch_toc(
     let reg_err = |source| RemoteError::Registry { image: image.to_string(), layer: digest.to_owned(), source };
     let fmt_err = |source| RemoteError::Format { image: image.to_string(), layer: digest.to_owned(), source };
     let hinted = match toc_offset {
-        Some(at) => registry
-            .blob_from(image, digest, at, max_toc_size.saturating_add(MAX_FOOTER_SIZE))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|(tail, size)| Ok((estargz::parse_footer(&tail, size).map_err(|e| e.to_string())?, tail, size)))
-            .inspect_err(|why| {
-                tracing::debug!(layer = digest, toc_offset = at, why, "the TOC is not where the descriptor says")
-            })
-            .ok(),
+        Some(at) => tail_from(registry, image, digest, at, max_toc_size.saturating_add(MAX_FOOTER_SIZE)).await,
         None => None,
     };
     let (footer, tail, size) = match hinted {
@@ -148,6 +140,26 @@ pub async fn fetch_toc(
         whole.freeze()
     };
     Ok(TocMember { size, footer, bytes })
+}
+
+/// The blob from `at` (where its descriptor says the TOC starts) to its end, if that is at
+/// most `limit` bytes and ends in a footer: the footer, those bytes, and the blob's size.
+async fn tail_from(
+    registry: &Registry,
+    image: &ImageRef,
+    digest: &str,
+    at: u64,
+    limit: u64,
+) -> Option<(estargz::Footer, bytes::Bytes, u64)> {
+    let why = match registry.blob_from(image, digest, at, limit).await {
+        Ok((tail, size)) => match estargz::parse_footer(&tail, size) {
+            Ok(footer) => return Some((footer, tail, size)),
+            Err(e) => e.to_string(),
+        },
+        Err(e) => e.to_string(),
+    };
+    tracing::debug!(layer = digest, toc_offset = at, why, "the TOC is not where the descriptor says");
+    None
 }
 
 /// Checks `member` against `toc_digest` and builds the layer's namespace.
