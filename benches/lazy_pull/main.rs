@@ -81,6 +81,10 @@ fn main() {
         let check = check_link(link, &proxy);
         println!("{}: {check}", link.name);
         report += &format!("\n### {}\n\n{check}\n\n", link.name);
+        let settings = snapshotter_settings();
+        if !settings.trim().is_empty() {
+            report += &format!("Strata's `[snapshotter]` settings beyond the defaults: `{}`.\n\n", settings.trim());
+        }
         report += "| image | compressed | full pull: first output | lazy: first output | ratio | bytes before first output | full pull: every file read | lazy: every file read | full-read penalty |\n";
         report += "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
         for &&(image, what) in &images {
@@ -228,12 +232,21 @@ fn record_image() {
     println!("python:strata-record: {}", String::from_utf8_lossy(&out.stdout).trim());
 }
 
+/// Lines for the lazy side's `[snapshotter]` table beyond the defaults, from
+/// `STRATA_BENCH_SNAPSHOTTER` (e.g. `prefetch_async_size = "0"`): empty, the defaults.
+fn snapshotter_settings() -> String {
+    std::env::var("STRATA_BENCH_SNAPSHOTTER").unwrap_or_default().replace("\\n", "\n")
+}
+
 /// One pull and start on a fresh node, through the proxy.
 fn measure(mode: Mode, image: &str, proxy: &DelayProxy, run: usize) -> Sample {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("strata-snapshotter.sock");
-    let daemon =
-        Daemon::start(&format!("[snapshotter]\nenabled = true\nsocket = \"{}\"\n", socket.display()), "4GiB", "4GiB");
+    let daemon = Daemon::start(
+        &format!("[snapshotter]\nenabled = true\nsocket = \"{}\"\n{}\n", socket.display(), snapshotter_settings()),
+        "4GiB",
+        "4GiB",
+    );
     let containerd = Containerd::start(dir.path(), &socket);
     let reference = format!("{}/strata/{image}", proxy.addr);
     let snapshotter: &[&str] = if mode == Mode::Lazy { &["--snapshotter", "strata"] } else { &[] };

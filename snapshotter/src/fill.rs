@@ -1,13 +1,12 @@
 //! Filling a lazy layer: the prefetch region (everything before `.prefetch.landmark`) in one
-//! ranged read, then the rest of the layer in the background, in blob order and in large
+//! ranged read, with the files every container start reads beside it, then the rest of the layer in the background, in blob order and in large
 //! ranges, always yielding to reads a container is waiting on. Every chunk is checked against
 //! its digest before it is cached, and chunks already cached are skipped.
 
+use crate::early::EarlyPrefetch;
 use crate::estargz::{Chunk, Landmark};
 use crate::fetch::{InFlight, StreamError, cache_stream, stream_and_cache};
 use crate::layer::{Blob, LayerNamespace};
-use crate::registry::RegistryError;
-use crate::registry::range_stream::RangeStream;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -84,43 +83,6 @@ pub fn prefetch_size(ns: &LayerNamespace) -> Option<u64> {
     }
 }
 
-/// The request for a layer's prefetch region, made before its TOC was parsed: bytes `0..end`.
-/// Stopped when dropped unused.
-#[derive(Debug)]
-pub struct EarlyPrefetch {
-    pub end: u64,
-    pub request: tokio::task::JoinHandle<Result<RangeStream, RegistryError>>,
-}
-
-impl Drop for EarlyPrefetch {
-    fn drop(&mut self) {
-        self.request.abort();
-    }
-}
-
-impl EarlyPrefetch {
-    /// This request, if it is for the region the parsed TOC gives (bytes `0..end`).
-    fn confirmed(self, end: u64, layer: &str) -> Option<EarlyPrefetch> {
-        if self.end != end {
-            tracing::debug!(layer, hint = self.end, landmark = end, "the early prefetch request was for another range");
-            return None;
-        }
-        Some(self)
-    }
-
-    /// The answer, once it starts; `None` if the request failed.
-    async fn answer(mut self, layer: &str) -> Option<RangeStream> {
-        match (&mut self.request).await {
-            Ok(Ok(stream)) => Some(stream),
-            Ok(Err(e)) => {
-                tracing::debug!(layer, error = %e, "the early prefetch request failed; asking again");
-                None
-            }
-            Err(_) => None,
-        }
-    }
-}
-
 /// Runs the prefetch, then (if `background` is given) the rest of the layer, once the node has
 /// had no container reads for that long. The prefetch reads from `early` if it asked for the
 /// region the TOC gives.
@@ -133,12 +95,16 @@ pub async fn fill(
 ) {
     let pieces = ns.pieces();
     let blob = ns.blob().clone();
-    match prefetch_size(&ns) {
+    let region_end = prefetch_size(&ns);
+    let runtime = runtime_pieces(&ns, region_end.unwrap_or(0));
+    let runtime = fetch_runtime_files(&blob, &cache, &runtime, &progress);
+    match region_end {
         Some(end) => {
             progress.prefetch.send_replace(Stage::Running);
             let region: Vec<&(String, Chunk)> = pieces.iter().filter(|(_, c)| c.compressed_end <= end).collect();
             let early = early.and_then(|e| e.confirmed(end, &blob.digest));
-            match fetch_group(&blob, &cache, &region, &progress, true, early).await {
+            let (fetched, ()) = tokio::join!(fetch_group(&blob, &cache, &region, &progress, true, early), runtime);
+            match fetched {
                 Ok(()) => {
                     progress.prefetch.send_replace(Stage::Done);
                 }
@@ -150,6 +116,7 @@ pub async fn fill(
         }
         None => {
             progress.prefetch.send_replace(Stage::None);
+            runtime.await;
         }
     }
     let Some(quiet) = background else {
@@ -179,6 +146,37 @@ pub async fn fill(
         }
     }
     progress.background.send_replace(Stage::Done);
+}
+
+/// Files the runtime reads from every container's root file system as the container starts,
+/// whatever the image recorded as its start-up files: runc resolves the container's user and
+/// groups from them. Recordings made outside a real runc start (`ctr-remote image optimize`'s)
+/// leave them out, and each then costs a round trip while the container starts.
+const RUNTIME_FILES: [&str; 2] = ["etc/passwd", "etc/group"];
+
+/// The chunks of [`RUNTIME_FILES`] that the layer holds past its prefetch region (which ends at
+/// `region_end`).
+fn runtime_pieces(ns: &LayerNamespace, region_end: u64) -> Vec<(String, Chunk)> {
+    RUNTIME_FILES
+        .iter()
+        .filter_map(|path| Some((*path, ns.file_chunks(path)?)))
+        .flat_map(|(path, chunks)| {
+            chunks.iter().filter(|c| c.compressed_end > region_end).map(move |c| (path.to_owned(), c.clone()))
+        })
+        .collect()
+}
+
+/// Fetches `files` (from [`runtime_pieces`]) beside the prefetch region, a request each, all
+/// at once: they are a few hundred bytes each, and apart. A container starting meanwhile waits
+/// for them rather than asking again; one that failed is left to the container's own read.
+async fn fetch_runtime_files(blob: &Arc<Blob>, cache: &TieredCache, files: &[(String, Chunk)], progress: &Progress) {
+    let refs: Vec<[&(String, Chunk); 1]> = files.iter().map(|piece| [piece]).collect();
+    let fetches = refs.iter().map(|one| fetch_group(blob, cache, one, progress, true, None));
+    for (fetched, (path, _)) in futures::future::join_all(fetches).await.into_iter().zip(files) {
+        if let Err(e) = fetched {
+            tracing::debug!(layer = %blob.digest, path, error = %e, "a file every container start reads was not fetched ahead");
+        }
+    }
 }
 
 /// A background range, fetched only when no container read is waiting on this layer.
@@ -242,58 +240,4 @@ async fn fetch_group(
     stream_and_cache(blob, cache, range, missing, || {}).await?;
     progress.chunks_cached.fetch_add(count, Ordering::Relaxed);
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::AtomicBool;
-
-    /// Set when the request it is part of is dropped (stopped).
-    struct Stopped(Arc<AtomicBool>);
-
-    impl Drop for Stopped {
-        fn drop(&mut self) {
-            self.0.store(true, Ordering::SeqCst);
-        }
-    }
-
-    async fn soon(flag: &AtomicBool) -> bool {
-        for _ in 0..100 {
-            if flag.load(Ordering::SeqCst) {
-                return true;
-            }
-            tokio::task::yield_now().await;
-        }
-        false
-    }
-
-    fn pending_request(stopped: &Arc<AtomicBool>) -> EarlyPrefetch {
-        let guard = Stopped(stopped.clone());
-        let request = tokio::spawn(async move {
-            let _guard = guard;
-            std::future::pending::<Result<RangeStream, RegistryError>>().await
-        });
-        EarlyPrefetch { end: 4096, request }
-    }
-
-    #[tokio::test]
-    async fn an_early_request_for_another_region_is_stopped_not_used() {
-        let stopped = Arc::new(AtomicBool::new(false));
-        let early = pending_request(&stopped);
-        assert!(early.confirmed(8192, "layer").is_none(), "the parsed TOC's region ends elsewhere");
-        assert!(soon(&stopped).await, "the request was stopped");
-    }
-
-    #[tokio::test]
-    async fn an_early_request_that_failed_is_asked_again() {
-        let request = tokio::spawn(async {
-            Err(RegistryError::Blob { url: "http://registry/blob".into(), reason: "refused".into() })
-        });
-        let early = EarlyPrefetch { end: 4096, request }.confirmed(4096, "layer").expect("the region confirmed");
-        assert!(early.answer("layer").await.is_none());
-        let stopped = Arc::new(AtomicBool::new(false));
-        drop(pending_request(&stopped));
-        assert!(soon(&stopped).await, "an early request dropped unused is stopped");
-    }
 }

@@ -266,6 +266,12 @@ impl LayerNamespace {
     pub fn landmark(&self) -> estargz::Landmark {
         self.tree.landmark
     }
+
+    /// The chunks of the regular file at `path` (as the TOC names it: no leading `/`), if the
+    /// layer holds one.
+    pub fn file_chunks(&self, path: &str) -> Option<&[Chunk]> {
+        self.tree.files.get(path).map(|f| f.chunks.as_slice())
+    }
 }
 
 /// The one chunk size every file of the layer is cut at (its last chunk may be shorter), which

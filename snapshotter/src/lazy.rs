@@ -4,6 +4,7 @@
 //! protocol). Anything that stops a layer from being lazy falls back to an ordinary snapshot,
 //! which containerd fills the usual way, and says why.
 
+use crate::early::EarlyPrefetch;
 use crate::error::SnapshotError;
 use crate::fill::{self, Progress};
 use crate::layer::Blob;
@@ -328,8 +329,11 @@ impl Lazy {
         let started = std::time::Instant::now();
         // With the descriptor's word for where the start-up files end, they are asked for now,
         // beside the TOC; the fill takes them if the TOC agrees.
+        let ahead = (self.opts.memory_budget / 4) as usize;
         let mut early = match (fresh, src.prefetch_end) {
-            (Fresh::Yes, Some(end)) => Some(self.early_prefetch(src, end)),
+            (Fresh::Yes, Some(end)) => {
+                Some(EarlyPrefetch::start(self.registry.clone(), src.image.clone(), src.digest.clone(), end, ahead))
+            }
             _ => None,
         };
         let (member, toc_read_ahead) = match self.take_ahead(&src.digest) {
@@ -361,7 +365,8 @@ impl Lazy {
             && let Some(end) = checked.landmark_hint
             && early.as_ref().is_none_or(|e| e.end != end)
         {
-            early = Some(self.early_prefetch(src, end));
+            early =
+                Some(EarlyPrefetch::start(self.registry.clone(), src.image.clone(), src.digest.clone(), end, ahead));
         }
         // An early request dropped on the way out (a TOC that does not parse) is stopped.
         let ns = namespace(self.registry.clone(), &src.image, &src.digest, &member, checked.json, &self.opts).await?;
@@ -388,18 +393,6 @@ impl Lazy {
             let _ = blocking(move || old.mount.unmount()).await;
         }
         Ok(Started { prefetch_bytes, toc_read_ahead })
-    }
-
-    /// Asks for bytes `0..end` of the layer, the prefetch region a TOC not yet parsed seems to
-    /// give, and reads them off the wire as they come (up to a quarter of the layer's memory
-    /// budget ahead of the fill that will take them).
-    fn early_prefetch(&self, src: &LayerSource, end: u64) -> fill::EarlyPrefetch {
-        let (registry, image, digest) = (self.registry.clone(), src.image.clone(), src.digest.clone());
-        let ahead = (self.opts.memory_budget / 4) as usize;
-        let request = tokio::spawn(async move {
-            registry.blob_range_stream(&image, &digest, 0..end).await.map(|s| s.read_ahead(ahead))
-        });
-        fill::EarlyPrefetch { end, request }
     }
 
     /// Starts reading the TOCs of the layers after this one (from `cri.image-layers`, else
@@ -546,7 +539,16 @@ impl Lazy {
                 .iter()
                 .filter_map(|id| mounts.get(id))
                 .filter_map(|l| {
-                    let size = l.prefetch_bytes.filter(|s| *s <= self.opts.prefetch_async_size)?;
+                    let size = l.prefetch_bytes?;
+                    if size > self.opts.prefetch_async_size {
+                        tracing::info!(
+                            layer = %l.blob.digest,
+                            bytes = size,
+                            limit = self.opts.prefetch_async_size,
+                            "prefetch region over prefetch_async_size; the container does not wait for it"
+                        );
+                        return None;
+                    }
                     Some((l.blob.digest.clone(), size, l.progress.clone()))
                 })
                 .collect()

@@ -5,6 +5,7 @@
 
 pub mod activity;
 pub mod convert;
+pub mod early;
 pub mod error;
 pub mod fetch;
 pub mod fill;
