@@ -1,7 +1,8 @@
 //! Filling a lazy layer: the prefetch region (everything before `.prefetch.landmark`) in one
-//! ranged read, with the files every container start reads beside it, then the rest of the layer in the background, in blob order and in large
-//! ranges, always yielding to reads a container is waiting on. Every chunk is checked against
-//! its digest before it is cached, and chunks already cached are skipped.
+//! ranged read, with the files every container start reads beside it, then the rest of the
+//! layer in the background, in blob order and in large ranges, always yielding to reads a
+//! container is waiting on. Every chunk is checked against its digest before it is cached, and
+//! chunks already cached are skipped.
 
 use crate::early::EarlyPrefetch;
 use crate::estargz::{Chunk, Landmark};
