@@ -171,8 +171,8 @@ fn runtime_pieces(ns: &LayerNamespace, region_end: u64) -> Vec<(String, Chunk)> 
 /// at once: they are a few hundred bytes each, and apart. A container starting meanwhile waits
 /// for them rather than asking again; one that failed is left to the container's own read.
 async fn fetch_runtime_files(blob: &Arc<Blob>, cache: &TieredCache, files: &[(String, Chunk)], progress: &Progress) {
-    let refs: Vec<[&(String, Chunk); 1]> = files.iter().map(|piece| [piece]).collect();
-    let fetches = refs.iter().map(|one| fetch_group(blob, cache, one, progress, true, None));
+    let fetches =
+        files.iter().map(|piece| async move { fetch_group(blob, cache, &[piece], progress, true, None).await });
     for (fetched, (path, _)) in futures::future::join_all(fetches).await.into_iter().zip(files) {
         if let Err(e) = fetched {
             tracing::debug!(layer = %blob.digest, path, error = %e, "a file every container start reads was not fetched ahead");

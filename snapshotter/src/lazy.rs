@@ -330,24 +330,18 @@ impl Lazy {
         // With the descriptor's word for where the start-up files end, they are asked for now,
         // beside the TOC; the fill takes them if the TOC agrees.
         let ahead = (self.opts.memory_budget / 4) as usize;
+        let ask = |end| EarlyPrefetch::start(self.registry.clone(), src.image.clone(), src.digest.clone(), end, ahead);
         let mut early = match (fresh, src.prefetch_end) {
-            (Fresh::Yes, Some(end)) => {
-                Some(EarlyPrefetch::start(self.registry.clone(), src.image.clone(), src.digest.clone(), end, ahead))
-            }
+            (Fresh::Yes, Some(end)) => Some(ask(end)),
             _ => None,
         };
-        let (member, toc_read_ahead) = match self.take_ahead(&src.digest) {
-            Some(read) => match read.await {
-                Ok(m) => (m, true),
-                // Read ahead and failed: try once more now, as if it had not been.
-                Err(_) => (
-                    Arc::new(
-                        fetch_toc(&self.registry, &src.image, &src.digest, self.opts.max_toc_size, src.toc_offset)
-                            .await?,
-                    ),
-                    false,
-                ),
-            },
+        // A TOC read ahead that failed is read once more now, as if it had not been.
+        let read_ahead = match self.take_ahead(&src.digest) {
+            Some(read) => read.await.ok(),
+            None => None,
+        };
+        let (member, toc_read_ahead) = match read_ahead {
+            Some(m) => (m, true),
             None => (
                 Arc::new(
                     fetch_toc(&self.registry, &src.image, &src.digest, self.opts.max_toc_size, src.toc_offset).await?,
@@ -365,8 +359,7 @@ impl Lazy {
             && let Some(end) = checked.landmark_hint
             && early.as_ref().is_none_or(|e| e.end != end)
         {
-            early =
-                Some(EarlyPrefetch::start(self.registry.clone(), src.image.clone(), src.digest.clone(), end, ahead));
+            early = Some(ask(end));
         }
         // An early request dropped on the way out (a TOC that does not parse) is stopped.
         let ns = namespace(self.registry.clone(), &src.image, &src.digest, &member, checked.json, &self.opts).await?;
@@ -528,10 +521,11 @@ impl Lazy {
         Ok(ids)
     }
 
-    /// Before a container starts on the snapshots `chain` (from `ensure_chain`), waits until what each lazy layer marked
-    /// for start-up (its prefetch region) is here: all layers at once, for at most
-    /// `prefetch_timeout`, and not for regions over `prefetch_async_size`. A region not in by
-    /// then is logged, and the container starts anyway, its reads fetching on demand.
+    /// Before a container starts on the snapshots `chain` (from `ensure_chain`), waits until
+    /// what each lazy layer marked for start-up (its prefetch region) is here: all layers at
+    /// once, for at most `prefetch_timeout`, and not for regions over `prefetch_async_size`. A
+    /// region not in by then is logged, and the container starts anyway, its reads fetching on
+    /// demand.
     pub async fn wait_prefetch(&self, chain: &[u64]) {
         let waits: Vec<(String, u64, Arc<Progress>)> = {
             let mounts = self.mounts.lock().await;
