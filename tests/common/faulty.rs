@@ -4,7 +4,8 @@
 //! short (a truncated blob), or refuse uploads after the first few (a push that fails part-way),
 //! or hold ranged answers back (a slow link), or ignore suffix ranges (an older server).
 //! One request per connection, so each answer can be changed whole; request bodies with a
-//! Content-Length are passed on.
+//! Content-Length are passed on. It notes the body size of each blob it answers, so a test can
+//! count what its own node fetched while other tests use the same registry.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -36,6 +37,8 @@ pub struct FaultyRegistry {
     /// `127.0.0.1:PORT`, to use as the registry host of image references.
     pub addr: String,
     fault: Arc<Mutex<Fault>>,
+    /// For each answer to a blob GET, in order: the blob's digest and the body's size.
+    blobs: Arc<Mutex<Vec<(String, u64)>>>,
 }
 
 impl FaultyRegistry {
@@ -43,16 +46,28 @@ impl FaultyRegistry {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let fault = Arc::new(Mutex::new(Fault::None));
-        let (f, up) = (fault.clone(), upstream.to_owned());
+        let blobs = Arc::new(Mutex::new(Vec::new()));
+        let (f, up, b) = (fault.clone(), upstream.to_owned(), blobs.clone());
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
-                let (f, up) = (f.clone(), up.clone());
+                let (f, up, b) = (f.clone(), up.clone(), b.clone());
                 std::thread::spawn(move || {
-                    let _ = relay(conn, &up, &f);
+                    let _ = relay(conn, &up, &f, &b);
                 });
             }
         });
-        FaultyRegistry { addr, fault }
+        FaultyRegistry { addr, fault, blobs }
+    }
+
+    /// How many blob answers have been sent so far: a mark for [`FaultyRegistry::blob_answers`].
+    pub fn mark(&self) -> usize {
+        self.blobs.lock().unwrap().len()
+    }
+
+    /// The body sizes of the answers to GETs of blob `digest` since `mark`.
+    pub fn blob_answers(&self, mark: usize, digest: &str) -> Vec<u64> {
+        let blobs = self.blobs.lock().unwrap();
+        blobs[mark..].iter().filter(|(d, _)| d == digest).map(|(_, n)| *n).collect()
     }
 
     pub fn set(&self, f: Fault) {
@@ -60,7 +75,12 @@ impl FaultyRegistry {
     }
 }
 
-fn relay(mut client: TcpStream, upstream: &str, fault: &Mutex<Fault>) -> std::io::Result<()> {
+fn relay(
+    mut client: TcpStream,
+    upstream: &str,
+    fault: &Mutex<Fault>,
+    blobs: &Mutex<Vec<(String, u64)>>,
+) -> std::io::Result<()> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -131,6 +151,12 @@ fn relay(mut client: TcpStream, upstream: &str, fault: &Mutex<Fault>) -> std::io
     {
         let body = at + 4;
         answer.truncate(body + (answer.len() - body) / 2);
+    }
+    if request_line.starts_with("GET ")
+        && let Some(digest) = request_line.split("/blobs/").nth(1).and_then(|r| r.split(' ').next())
+        && let Some(at) = answer.windows(4).position(|w| w == b"\r\n\r\n")
+    {
+        blobs.lock().unwrap().push((digest.to_owned(), (answer.len() - at - 4) as u64));
     }
     client.write_all(&answer)
 }
