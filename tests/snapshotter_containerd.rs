@@ -527,6 +527,31 @@ async fn a_pull_through_cri_is_lazy_too() {
 
 #[test]
 #[ignore = "needs root, containerd, runc, ctr-remote and the test registry: run by .ci/run"]
+fn the_start_up_files_are_asked_for_while_the_toc_is_still_arriving() {
+    // ctr-remote's optimized image says nothing in its descriptor of where its TOC or its
+    // prefetch region are: both come from the TOC, whose landmark entry is near its start. The
+    // TOC's answer stalls half-way; the region's request must not wait for the rest of it.
+    let node = Node::start_with("background_fetch = false");
+    let proxy = FaultyRegistry::start(&registry());
+    proxy.set(Fault::StallMidway(Duration::from_secs(2)));
+    let image = format!("{}/strata/python:esgz-opt", proxy.addr);
+    let out = node.containerd.ctr_remote(&["image", "rpull", "--plain-http", "--snapshotter", "strata", &image]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let layers = node.layer_digests("python:esgz-opt");
+    let layer = node.layer_when(&layers[0], |l| l["prefetch"] == "done");
+    let region = layer["prefetch_bytes"].as_u64().unwrap();
+    // In the order the answers ended: the footer's suffix read (64 KiB), the TOC's read and the
+    // region's (bytes 0 to the landmark), which alone is not stalled.
+    let answers = proxy.blob_answers(0, &layers[0]);
+    let region_at = answers.iter().position(|n| *n == region).unwrap_or_else(|| panic!("{region}: {answers:?}"));
+    let toc_at = answers.iter().position(|n| *n > 64 << 10 && *n != region).unwrap_or_else(|| panic!("{answers:?}"));
+    assert!(region_at < toc_at, "the region came after the whole TOC: {answers:?}");
+    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "stalled", "python3", "-c", "print(1)"]);
+    assert_eq!(out, "1\n");
+}
+
+#[test]
+#[ignore = "needs root, containerd, runc, ctr-remote and the test registry: run by .ci/run"]
 fn python_starts_having_fetched_a_small_part_of_its_image() {
     // The image as `ctr-remote image convert` wrote it, and as `ctr-remote image optimize` did,
     // with the files python3 read at start-up before its .prefetch.landmark.

@@ -342,15 +342,26 @@ impl Lazy {
         };
         let (member, toc_read_ahead) = match read_ahead {
             Some(m) => (m, true),
-            None => (
-                Arc::new(
-                    fetch_toc(&self.registry, &src.image, &src.digest, self.opts.max_toc_size, src.toc_offset).await?,
-                ),
-                false,
-            ),
+            None => {
+                // Without the descriptor's word, the start-up files are asked for as soon as
+                // the TOC, while it streams in, names where they end: on a second connection,
+                // opened now so that the request does not wait for a handshake.
+                let scan = fresh == Fresh::Yes && early.is_none();
+                if scan {
+                    let (registry, image) = (self.registry.clone(), src.image.clone());
+                    tokio::spawn(async move { registry.preconnect(&image).await });
+                }
+                let mut tell = |end| early = Some(ask(end));
+                let tell = scan.then_some(&mut tell as &mut (dyn FnMut(u64) + Send));
+                let toc_offset = src.toc_offset;
+                let member =
+                    fetch_toc(&self.registry, &src.image, &src.digest, self.opts.max_toc_size, toc_offset, tell);
+                (Arc::new(member.await?), false)
+            }
         };
         let toc_read = started.elapsed();
         let checked = check_toc(&src.image, &src.digest, &member, toc_digest, &self.opts).await?;
+        let toc_verified = started.elapsed();
         // Else the start-up bytes are asked for now, while the TOC is parsed, if the TOC seems to
         // say where they end; the fill takes them if the parse agrees. The TOC's word beats the
         // descriptor's: a request for another range is replaced (and stopped as it is dropped).
@@ -379,7 +390,7 @@ impl Lazy {
                 return Err(e);
             }
         };
-        tracing::debug!(layer = %src.digest, ?toc_read, ?toc_checked, mounted = ?started.elapsed(), "layer mount steps");
+        tracing::debug!(layer = %src.digest, ?toc_read, ?toc_verified, ?toc_checked, mounted = ?started.elapsed(), "layer mount steps");
         let live =
             Live { mount: mounted, snapshot: snapshot.to_owned(), blob, progress: progress.clone(), prefetch_bytes };
         if let Some(old) = self.mounts.lock().await.insert(id, live) {
@@ -400,7 +411,7 @@ impl Lazy {
             let (registry, image, d, max) =
                 (self.registry.clone(), src.image.clone(), digest.to_owned(), self.opts.max_toc_size);
             let read: TocRead =
-                async move { fetch_toc(&registry, &image, &d, max, None).await.map(Arc::new).map_err(Arc::new) }
+                async move { fetch_toc(&registry, &image, &d, max, None, None).await.map(Arc::new).map_err(Arc::new) }
                     .boxed()
                     .shared();
             tokio::spawn(read.clone());

@@ -99,12 +99,16 @@ const TAIL_READ: u64 = 64 << 10;
 /// descriptor says the TOC starts (`strata convert` writes it): then the TOC and the footer
 /// come in one read of everything from there on. A hint that does not hold costs the read it
 /// made, and the TOC is found from the footer as without one.
+///
+/// A TOC read on its own is scanned as it arrives: `on_landmark` hears where the prefetch
+/// landmark seems to be as soon as its entry is in, well before the rest of a large TOC.
 pub async fn fetch_toc(
     registry: &Registry,
     image: &ImageRef,
     digest: &str,
     max_toc_size: u64,
     toc_offset: Option<u64>,
+    mut on_landmark: Option<&mut (dyn FnMut(u64) + Send)>,
 ) -> Result<TocMember, RemoteError> {
     let reg_err = |source| RemoteError::Registry { image: image.to_string(), layer: digest.to_owned(), source };
     let fmt_err = |source| RemoteError::Format { image: image.to_string(), layer: digest.to_owned(), source };
@@ -129,14 +133,23 @@ pub async fn fetch_toc(
     let bytes = if start >= tail_start {
         // The TOC came with the footer: one round trip saved.
         in_tail(start)
-    } else if end <= tail_start {
-        // A footer that leaves a gap before itself: the TOC is read on its own.
-        registry.blob_range(image, digest, start..end).await.map_err(reg_err)?
     } else {
-        let head = registry.blob_range(image, digest, start..tail_start).await.map_err(reg_err)?;
+        // The TOC's start (all of it, if the footer leaves a gap before itself) is read on its
+        // own, and the rest is in the tail.
+        let mut head = registry.blob_range_stream(image, digest, start..end.min(tail_start)).await.map_err(reg_err)?;
+        let mut scan = on_landmark.is_some().then(|| estargz::hint::LandmarkScan::new(footer.compression));
         let mut whole = bytes::BytesMut::with_capacity((end - start) as usize);
-        whole.extend_from_slice(&head);
-        whole.extend_from_slice(&in_tail(tail_start));
+        while let Some(piece) = head.next().await.map_err(reg_err)? {
+            whole.extend_from_slice(&piece);
+            if let (Some(scan), Some(tell)) = (scan.as_mut(), on_landmark.as_mut())
+                && let Some(at) = scan.feed(&piece)
+            {
+                tell(at);
+            }
+        }
+        if end > tail_start {
+            whole.extend_from_slice(&in_tail(tail_start));
+        }
         whole.freeze()
     };
     Ok(TocMember { size, footer, bytes })
@@ -237,7 +250,7 @@ pub async fn open_layer(
     toc_digest: &str,
     opts: &RemoteOptions,
 ) -> Result<LayerNamespace, RemoteError> {
-    let member = fetch_toc(&registry, image, digest, opts.max_toc_size, None).await?;
+    let member = fetch_toc(&registry, image, digest, opts.max_toc_size, None, None).await?;
     build_layer(registry, image, digest, &member, toc_digest, opts).await
 }
 

@@ -28,6 +28,10 @@ pub enum Fault {
     /// Hold back the answer to every ranged request that names its first byte (`bytes=N-M`,
     /// not a suffix `bytes=-N`) this long: a prefetch or a chunk read on a slow link.
     DelayRanges(std::time::Duration),
+    /// Send the first half of the body of every answer to a range that starts past the blob's
+    /// first byte (`bytes=N-M`, N > 0: a TOC or a chunk), then the rest this much later: a
+    /// large answer still on its way.
+    StallMidway(std::time::Duration),
     /// Drop suffix ranges (`bytes=-N`) from requests, so the whole blob comes back with 200, as
     /// from a server that does not know them.
     NoSuffixRanges,
@@ -37,7 +41,8 @@ pub struct FaultyRegistry {
     /// `127.0.0.1:PORT`, to use as the registry host of image references.
     pub addr: String,
     fault: Arc<Mutex<Fault>>,
-    /// For each answer to a blob GET, in order: the blob's digest and the body's size.
+    /// For each answer to a blob GET, in the order they ended: the blob's digest and the body's
+    /// size.
     blobs: Arc<Mutex<Vec<(String, u64)>>>,
 }
 
@@ -152,11 +157,29 @@ fn relay(
         let body = at + 4;
         answer.truncate(body + (answer.len() - body) / 2);
     }
-    if request_line.starts_with("GET ")
-        && let Some(digest) = request_line.split("/blobs/").nth(1).and_then(|r| r.split(' ').next())
-        && let Some(at) = answer.windows(4).position(|w| w == b"\r\n\r\n")
+    let body_at = answer.windows(4).position(|w| w == b"\r\n\r\n").map(|at| at + 4);
+    let blob = request_line
+        .starts_with("GET ")
+        .then(|| request_line.split("/blobs/").nth(1).and_then(|r| r.split(' ').next()))
+        .flatten()
+        .zip(body_at)
+        .map(|(digest, body)| (digest.to_owned(), (answer.len() - body) as u64));
+    if let (Fault::StallMidway(delay), Some(body)) = (&now, body_at)
+        && text.lines().any(|l| {
+            let l = l.to_ascii_lowercase().replace(' ', "");
+            l.strip_prefix("range:bytes=").is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit() && c != '0'))
+        })
     {
-        blobs.lock().unwrap().push((digest.to_owned(), (answer.len() - at - 4) as u64));
+        let mid = body + (answer.len() - body) / 2;
+        client.write_all(&answer[..mid])?;
+        client.flush()?;
+        std::thread::sleep(*delay);
+        answer.drain(..mid);
     }
-    client.write_all(&answer)
+    client.write_all(&answer)?;
+    // Noted once the answer is out, so that the notes are in the order the answers ended.
+    if let Some(b) = blob {
+        blobs.lock().unwrap().push(b);
+    }
+    Ok(())
 }

@@ -5,7 +5,9 @@
 //! bytes go out while the parse runs. It is a hint: [`super::toc::parse_toc`] has the last word,
 //! and a caller must drop what it fetched on a hint the parse does not confirm.
 
+use super::Compression;
 use serde::Deserialize;
+use std::io::Write;
 
 /// The root-level landmark's name, as it ends inside its JSON string.
 const NEEDLE: &[u8] = b".prefetch.landmark\"";
@@ -30,6 +32,59 @@ pub fn prefetch_landmark(json: &[u8]) -> Option<u64> {
         }
     }
     None
+}
+
+/// JSON scanned at most while a TOC member arrives. Start-up entries come first in a TOC, so
+/// a landmark is near its start; a layer without one is not decompressed twice in full.
+const SCAN_LIMIT: usize = 1 << 20;
+
+/// Finds the landmark in a TOC member while its compressed bytes arrive, so the request for
+/// the start-up files can go out before the rest of the TOC is in. Nothing here is verified:
+/// the offset is a hint like [`prefetch_landmark`]'s.
+pub struct LandmarkScan {
+    out: Option<Decoder>,
+}
+
+impl std::fmt::Debug for LandmarkScan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LandmarkScan").field("scanning", &self.out.is_some()).finish()
+    }
+}
+
+enum Decoder {
+    Gzip(Box<flate2::write::GzDecoder<Vec<u8>>>),
+    Zstd(zstd::stream::write::Decoder<'static, Vec<u8>>),
+}
+
+impl LandmarkScan {
+    pub fn new(compression: Compression) -> LandmarkScan {
+        let out = match compression {
+            Compression::Gzip => Some(Decoder::Gzip(Box::new(flate2::write::GzDecoder::new(Vec::new())))),
+            Compression::Zstd => zstd::stream::write::Decoder::new(Vec::new()).ok().map(Decoder::Zstd),
+        };
+        LandmarkScan { out }
+    }
+
+    /// Takes the member's next bytes; the landmark's offset once it is found. After that, or
+    /// after bytes that do not decompress or past [`SCAN_LIMIT`], it only ever answers `None`.
+    pub fn feed(&mut self, bytes: &[u8]) -> Option<u64> {
+        let dec = self.out.as_mut()?;
+        let json = match dec {
+            Decoder::Gzip(d) => d.write_all(bytes).and_then(|_| d.flush()).map(|_| d.get_ref()),
+            Decoder::Zstd(d) => d.write_all(bytes).and_then(|_| d.flush()).map(|_| d.get_ref()),
+        };
+        let found = match json {
+            Ok(json) if json.len() <= SCAN_LIMIT => prefetch_landmark(json),
+            _ => {
+                self.out = None;
+                return None;
+            }
+        };
+        if found.is_some() {
+            self.out = None;
+        }
+        found
+    }
 }
 
 /// Given the JSON before the landmark's name ends (`… {"name":"` or `… {"name":"./`), where the
@@ -66,5 +121,61 @@ mod tests {
         assert_eq!(prefetch_landmark(json), None);
         assert_eq!(prefetch_landmark(br#"{"entries":[{"name":".prefetch.landmark","offset":0}]}"#), None);
         assert_eq!(prefetch_landmark(b""), None);
+    }
+
+    /// A TOC's JSON with the landmark after `before` entries, and `after` entries behind it.
+    fn toc(before: usize, after: usize) -> Vec<u8> {
+        let entry =
+            |i: usize| format!(r#"{{"name":"usr/lib/file-{i}","type":"reg","offset":{},"size":100}},"#, i * 300);
+        let mut json = String::from(r#"{"version":1,"entries":["#);
+        (0..before).for_each(|i| json.push_str(&entry(i)));
+        json.push_str(r#"{"name":".prefetch.landmark","type":"reg","size":1,"offset":999999},"#);
+        (before..before + after).for_each(|i| json.push_str(&entry(i)));
+        json.push_str(r#"{"name":"z","type":"dir"}]}"#);
+        json.into_bytes()
+    }
+
+    fn gzip(b: &[u8]) -> Vec<u8> {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        e.write_all(b).unwrap();
+        e.finish().unwrap()
+    }
+
+    /// Feeds `member` in pieces of `piece` bytes: the offset found and the bytes fed by then.
+    fn scan(compression: Compression, member: &[u8], piece: usize) -> Option<(u64, usize)> {
+        let mut scan = LandmarkScan::new(compression);
+        let mut fed = 0;
+        for p in member.chunks(piece) {
+            fed += p.len();
+            if let Some(at) = scan.feed(p) {
+                assert_eq!(scan.feed(p), None, "one answer, then none");
+                return Some((at, fed));
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn a_scan_finds_the_landmark_long_before_the_member_ends() {
+        let json = toc(20, 20_000);
+        for (compression, member) in
+            [(Compression::Gzip, gzip(&json)), (Compression::Zstd, zstd::encode_all(&json[..], 19).unwrap())]
+        {
+            let (at, fed) = scan(compression, &member, 1000).expect("found");
+            assert_eq!(at, 999_999);
+            assert!(fed * 4 < member.len(), "{compression:?}: found after {fed} of {} bytes", member.len());
+        }
+    }
+
+    #[test]
+    fn a_scan_gives_up_on_no_landmark_garbage_and_a_landmark_past_its_limit() {
+        let plain = br#"{"entries":[{"name":".no.prefetch.landmark","type":"reg","offset":9}]}"#;
+        assert_eq!(scan(Compression::Gzip, &gzip(plain), 7), None);
+        assert_eq!(scan(Compression::Gzip, b"not a gzip member at all", 4), None);
+        assert_eq!(scan(Compression::Zstd, b"not a zstd frame at all", 4), None);
+        // Past the limit it stops decompressing, even where the landmark would come later.
+        assert_eq!(scan(Compression::Gzip, &gzip(&toc(20_000, 0)), 4096), None);
+        assert!(toc(20_000, 0).len() > SCAN_LIMIT);
+        assert_eq!(scan(Compression::Gzip, &gzip(&toc(2_000, 0)), 4096).map(|f| f.0), Some(999_999));
     }
 }

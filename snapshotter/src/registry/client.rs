@@ -340,6 +340,24 @@ impl Registry {
     /// on a 401 as challenged. Only endpoints with the capability `need` are asked. `path` is
     /// under the repository (`/blobs/...`), or a URL the registry handed out (an upload's
     /// `Location`: absolute, or a path from the host's root).
+    /// Opens a connection to `image`'s first pull endpoint before it is needed, with a `GET
+    /// /v2/` whatever it answers, so that a request made while another is in flight does not
+    /// wait for a handshake. The answer is read whole, which leaves the connection pooled.
+    pub async fn preconnect(&self, image: &ImageRef) {
+        let Some(ep) = self.hosts.endpoints(&image.host).ok().and_then(|eps| eps.into_iter().find(|e| e.pull)) else {
+            return;
+        };
+        let Ok(client) = self.client_for(&ep) else { return };
+        let url = format!("{}/v2/", origin(&ep.base));
+        let answer = match client.get(&url).send().await {
+            Ok(resp) => resp.bytes().await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = answer {
+            tracing::debug!(url, error = %super::with_causes(&e), "opening a connection ahead of need failed");
+        }
+    }
+
     pub(super) async fn send(
         &self,
         image: &ImageRef,
@@ -390,9 +408,7 @@ impl Registry {
         let url = if path.starts_with("http://") || path.starts_with("https://") {
             path.to_owned()
         } else if path.starts_with("/v2/") {
-            let origin_end = ep.base.find("://").map(|i| i + 3).unwrap_or(0);
-            let origin = ep.base[origin_end..].find('/').map_or(&ep.base[..], |i| &ep.base[..origin_end + i]);
-            format!("{origin}{path}")
+            format!("{}{path}", origin(&ep.base))
         } else {
             format!("{}/{}{}", ep.base, image.repository, path)
         };
@@ -491,6 +507,12 @@ fn to_manifest(image: &ImageRef, raw: RawManifest, digest: String) -> Result<Man
         }
     }
     Ok(Manifest { digest, config_digest: config.digest, layers: raw.layers })
+}
+
+/// The scheme and authority of an endpoint's base URL (`https://host:port`), without its path.
+fn origin(base: &str) -> &str {
+    let origin_end = base.find("://").map(|i| i + 3).unwrap_or(0);
+    base[origin_end..].find('/').map_or(base, |i| &base[..origin_end + i])
 }
 
 #[cfg(test)]
