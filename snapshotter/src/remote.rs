@@ -133,6 +133,9 @@ pub async fn fetch_toc(
     let bytes = if start >= tail_start {
         // The TOC came with the footer: one round trip saved.
         in_tail(start)
+    } else if start >= end {
+        // A footer naming an empty TOC: nothing to ask for, and its check fails.
+        bytes::Bytes::new()
     } else {
         // The TOC's start (all of it, if the footer leaves a gap before itself) is read on its
         // own, and the rest is in the tail.

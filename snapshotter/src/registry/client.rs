@@ -336,10 +336,6 @@ impl Registry {
         Ok(len)
     }
 
-    /// Sends one request to the first endpoint that answers it with success, authenticating
-    /// on a 401 as challenged. Only endpoints with the capability `need` are asked. `path` is
-    /// under the repository (`/blobs/...`), or a URL the registry handed out (an upload's
-    /// `Location`: absolute, or a path from the host's root).
     /// Opens a connection to `image`'s first pull endpoint before it is needed, with a `GET
     /// /v2/` whatever it answers, so that a request made while another is in flight does not
     /// wait for a handshake. The answer is read whole, which leaves the connection pooled.
@@ -358,6 +354,10 @@ impl Registry {
         }
     }
 
+    /// Sends one request to the first endpoint that answers it with success, authenticating
+    /// on a 401 as challenged. Only endpoints with the capability `need` are asked. `path` is
+    /// under the repository (`/blobs/...`), or a URL the registry handed out (an upload's
+    /// `Location`: absolute, or a path from the host's root).
     pub(super) async fn send(
         &self,
         image: &ImageRef,
