@@ -52,15 +52,33 @@ impl std::fmt::Debug for LandmarkScan {
 }
 
 enum Decoder {
-    Gzip(Box<flate2::write::GzDecoder<Vec<u8>>>),
-    Zstd(zstd::stream::write::Decoder<'static, Vec<u8>>),
+    Gzip(Box<flate2::write::GzDecoder<Capped>>),
+    Zstd(zstd::stream::write::Decoder<'static, Capped>),
+}
+
+/// Decompressed JSON, refused past [`SCAN_LIMIT`] as it is written: a member that inflates a
+/// thousandfold cannot make one piece of it take more memory than that.
+struct Capped(Vec<u8>);
+
+impl Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > SCAN_LIMIT {
+            return Err(std::io::Error::other("past the scan's limit"));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 impl LandmarkScan {
     pub fn new(compression: Compression) -> LandmarkScan {
         let out = match compression {
-            Compression::Gzip => Some(Decoder::Gzip(Box::new(flate2::write::GzDecoder::new(Vec::new())))),
-            Compression::Zstd => zstd::stream::write::Decoder::new(Vec::new()).ok().map(Decoder::Zstd),
+            Compression::Gzip => Some(Decoder::Gzip(Box::new(flate2::write::GzDecoder::new(Capped(Vec::new()))))),
+            Compression::Zstd => zstd::stream::write::Decoder::new(Capped(Vec::new())).ok().map(Decoder::Zstd),
         };
         LandmarkScan { out }
     }
@@ -70,11 +88,11 @@ impl LandmarkScan {
     pub fn feed(&mut self, bytes: &[u8]) -> Option<u64> {
         let dec = self.out.as_mut()?;
         let json = match dec {
-            Decoder::Gzip(d) => d.write_all(bytes).and_then(|_| d.flush()).map(|_| d.get_ref()),
-            Decoder::Zstd(d) => d.write_all(bytes).and_then(|_| d.flush()).map(|_| d.get_ref()),
+            Decoder::Gzip(d) => d.write_all(bytes).and_then(|_| d.flush()).map(|_| &d.get_ref().0),
+            Decoder::Zstd(d) => d.write_all(bytes).and_then(|_| d.flush()).map(|_| &d.get_ref().0),
         };
         let found = match json {
-            Ok(json) if json.len() <= SCAN_LIMIT => prefetch_landmark(json),
+            Ok(json) => prefetch_landmark(json),
             _ => {
                 self.out = None;
                 return None;
@@ -173,8 +191,10 @@ mod tests {
         assert_eq!(scan(Compression::Gzip, &gzip(plain), 7), None);
         assert_eq!(scan(Compression::Gzip, b"not a gzip member at all", 4), None);
         assert_eq!(scan(Compression::Zstd, b"not a zstd frame at all", 4), None);
-        // Past the limit it stops decompressing, even where the landmark would come later.
+        // Past the limit it stops decompressing, even where the landmark would come later: the
+        // output refuses what goes past it, however much one piece inflates to.
         assert_eq!(scan(Compression::Gzip, &gzip(&toc(20_000, 0)), 4096), None);
+        assert_eq!(scan(Compression::Gzip, &gzip(&toc(20_000, 0)), 1 << 20), None);
         assert!(toc(20_000, 0).len() > SCAN_LIMIT);
         assert_eq!(scan(Compression::Gzip, &gzip(&toc(2_000, 0)), 4096).map(|f| f.0), Some(999_999));
     }
