@@ -353,9 +353,8 @@ impl Lazy {
                 }
                 let mut tell = |end| early = Some(ask(end));
                 let tell = scan.then_some(&mut tell as &mut (dyn FnMut(u64) + Send));
-                let toc_offset = src.toc_offset;
                 let member =
-                    fetch_toc(&self.registry, &src.image, &src.digest, self.opts.max_toc_size, toc_offset, tell);
+                    fetch_toc(&self.registry, &src.image, &src.digest, self.opts.max_toc_size, src.toc_offset, tell);
                 (Arc::new(member.await?), false)
             }
         };

@@ -132,32 +132,32 @@ fn relay(
     up.write_all(&body)?;
     let mut answer = Vec::new();
     up.read_to_end(&mut answer)?;
+    // Where the answer's body starts, and the first byte of a range that names it (`bytes=N-M`;
+    // none for a suffix range).
+    let body_at = answer.windows(4).position(|w| w == b"\r\n\r\n").map(|at| at + 4);
+    let range_from = text.lines().find_map(|l| {
+        let l = l.to_ascii_lowercase().replace(' ', "");
+        l.strip_prefix("range:bytes=")?.split('-').next()?.parse::<u64>().ok()
+    });
     if let Fault::DelayRanges(delay) = &now
-        && text.lines().any(|l| {
-            let l = l.to_ascii_lowercase().replace(' ', "");
-            l.strip_prefix("range:bytes=").is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
-        })
+        && range_from.is_some()
     {
         std::thread::sleep(*delay);
     }
     if now == Fault::FlipRanges
         && answer.starts_with(b"HTTP/1.1 206")
-        && let Some(at) = answer.windows(4).position(|w| w == b"\r\n\r\n")
+        && let Some(body) = body_at
+        && answer.len() > body
     {
-        let body = at + 4;
-        if answer.len() > body {
-            let mid = body + (answer.len() - body) / 2;
-            answer[mid] ^= 0x5a;
-        }
+        let mid = body + (answer.len() - body) / 2;
+        answer[mid] ^= 0x5a;
     }
     if let Fault::Truncate(paths) = &now
         && paths.iter().any(|p| request_line.contains(p.as_str()))
-        && let Some(at) = answer.windows(4).position(|w| w == b"\r\n\r\n")
+        && let Some(body) = body_at
     {
-        let body = at + 4;
         answer.truncate(body + (answer.len() - body) / 2);
     }
-    let body_at = answer.windows(4).position(|w| w == b"\r\n\r\n").map(|at| at + 4);
     let blob = request_line
         .starts_with("GET ")
         .then(|| request_line.split("/blobs/").nth(1).and_then(|r| r.split(' ').next()))
@@ -165,10 +165,7 @@ fn relay(
         .zip(body_at)
         .map(|(digest, body)| (digest.to_owned(), (answer.len() - body) as u64));
     if let (Fault::StallMidway(delay), Some(body)) = (&now, body_at)
-        && text.lines().any(|l| {
-            let l = l.to_ascii_lowercase().replace(' ', "");
-            l.strip_prefix("range:bytes=").is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit() && c != '0'))
-        })
+        && range_from.is_some_and(|n| n > 0)
     {
         let mid = body + (answer.len() - body) / 2;
         client.write_all(&answer[..mid])?;
