@@ -114,6 +114,51 @@ fn fuse_root_without_passthrough_the_daemon_serves_every_read() {
     d.stop();
 }
 
+const HOT_WRITTEN: &str = "strata_tier_written_bytes_total{tier=\"hot\"}";
+
+/// A checkpoint written through the mount becomes its own passthrough copy: the staged file is
+/// moved into the hot tier, not copied again, so the checkpoint's bytes are written locally
+/// twice (staged, then as chunks), not three times, and the next open reads it at local speed.
+#[test]
+#[ignore = "needs root and /dev/fuse: run by .ci/run"]
+fn fuse_root_a_written_checkpoint_becomes_its_own_whole_file_copy() {
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
+    let bytes = data(51, (5 << 20) + 123);
+    let (cold, mnt, mut d) = dataset_with(&[], "");
+    let (tmp, path) = (mnt.path().join("model.pt.tmp"), mnt.path().join("model.pt"));
+    let mut f = std::fs::File::create(&tmp).unwrap();
+    f.write_all(&bytes).unwrap();
+    let staged: Vec<PathBuf> =
+        files_under(d.state()).into_iter().filter(|p| p.extension().is_some_and(|e| e == "data")).collect();
+    assert_eq!(staged.len(), 1, "one staged file while writing: {staged:?}");
+    let staged_ino = std::fs::metadata(&staged[0]).unwrap().ino();
+    let written_before = metric(&d, HOT_WRITTEN);
+    f.sync_all().unwrap();
+    drop(f);
+    std::fs::rename(&tmp, &path).unwrap();
+    assert_eq!(std::fs::read(cold.path().join("ds/model.pt")).unwrap(), bytes, "the object in the store");
+
+    wait_for_whole_copies(d.state(), 1, || d.log());
+    let copy = whole_copies(d.state()).remove(0);
+    assert_eq!(std::fs::metadata(&copy).unwrap().ino(), staged_ino, "the whole-file copy is not the staged file");
+    assert!(!staged[0].exists());
+    // Only the chunks were written into the tier: their headers and checksums add a little.
+    let written = metric(&d, HOT_WRITTEN) - written_before;
+    assert!(
+        written >= bytes.len() as u64 && written < bytes.len() as u64 * 3 / 2,
+        "{written} bytes written into the hot tier for a checkpoint of {}",
+        bytes.len()
+    );
+
+    drop_pages(&copy);
+    let served = metric(&d, HOT_READ);
+    assert_eq!(sha(&std::fs::read(&path).unwrap()), sha(&bytes));
+    assert_eq!(metric(&d, HOT_READ), served, "the daemon served bytes of the checkpoint it just wrote");
+    assert!(metric(&d, PASSTHROUGH_OPENS) >= 1, "no open passed through:\n{}", d.metrics_text());
+    d.stop();
+}
+
 /// `tier policy show` once it mentions `want`: pins follow a write in the background.
 fn policy_with(d: &Daemon, want: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(20);

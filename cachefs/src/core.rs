@@ -799,7 +799,8 @@ impl FsCore {
     }
 
     /// Reads a published file's staged bytes into the cache under the new object's keys, so
-    /// the checkpoint just written is hot for the next restart.
+    /// the checkpoint just written is hot for the next restart, then makes the staged file
+    /// itself the whole-file copy that passthrough opens read.
     async fn keep_as_cache(&self, s: &Staged, ino: u64) {
         let _order = self.keeper.order.lock().await;
         let Ok(i) = self.inode(ino) else { return };
@@ -817,8 +818,18 @@ impl FsCore {
             }
             index += 1;
         }
-        self.keeper.request_whole(&i.path, &i.node);
         self.keeper.keep_newest(&i.path, &i.node, s.created).await;
+        // The staged file holds the new object's bytes, laid out as a whole-file copy is: moved
+        // into the hot tier, it is that copy without writing them a third time.
+        if self.keeper.assemble.is_some() {
+            let (whole, _) = crate::assemble::keys(self.ns.as_ref(), &i.path, &i.node);
+            match self.cache.adopt_whole(whole, s.data_path().to_path_buf()).await {
+                Ok(true) => return,
+                Ok(false) => {}
+                Err(e) => tracing::debug!(path = %i.path, error = %e, "staged copy not taken as the whole-file copy"),
+            }
+        }
+        self.keeper.request_whole(&i.path, &i.node);
     }
 
     pub async fn unlink(&self, parent: u64, name: &str) -> Result<(), FsError> {

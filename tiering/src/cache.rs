@@ -271,6 +271,13 @@ impl TieredCache {
             .map_err(|e| CacheError::Task(e.to_string()))?
     }
 
+    /// Moves the file at `from`, which holds exactly the object version `key` names, into the
+    /// hot tier as its whole-file copy ([`Core::adopt_whole`]). `false`: not moved; assemble
+    /// the copy from chunks instead.
+    pub async fn adopt_whole(&self, key: ChunkKey, from: PathBuf) -> Result<bool, CacheError> {
+        self.blocking(move |core| core.adopt_whole(&key, &from)).await?
+    }
+
     /// Stores bytes the caller already has (e.g. a staged checkpoint) under `key`.
     pub async fn put(&self, key: ChunkKey, data: Bytes, tier: TierKind) -> Result<TierKind, CacheError> {
         let core = self.core.clone();

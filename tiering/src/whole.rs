@@ -2,7 +2,9 @@
 //! header, so the kernel can serve reads from it directly (FUSE passthrough).
 //!
 //! A copy is assembled only from chunks that are already in the hot tier, each one verified by
-//! its CRC on the way, so it never holds bytes the cache would not serve. It counts against the
+//! its CRC on the way, so it never holds bytes the cache would not serve. A file just written
+//! through a mount needs no assembly: its staged file, which the chunks were cached from, is
+//! moved into place as the copy. It counts against the
 //! hot tier's capacity like any entry and is evicted like one, but it is derived data: it is
 //! never demoted. It is fsynced before it is renamed into place, with its key in a sidecar
 //! file, so a restart keeps a copy only when it is whole.
@@ -15,6 +17,7 @@ use crate::metrics;
 use crate::tier::TierKind;
 use std::fs::File;
 use std::io::Write;
+use std::os::unix::fs::MetadataExt;
 use tracing::debug;
 
 impl Core {
@@ -102,19 +105,84 @@ impl Core {
                 return Err(io(e));
             }
         };
-        let sidecar = dest.with_extension(crate::tier::WHOLE_KEY_EXT);
-        let key_json = serde_json::to_vec(key).expect("keys serialize");
-        if let Err(e) = std::fs::write(&sidecar, key_json) {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(io(e));
+        match self.install_whole(key, reservation, &tmp, total) {
+            Ok(true) => {
+                self.metrics.bytes_written.get_or_create(&metrics::tier(TierKind::Hot)).inc_by(total);
+                Ok(Some(()))
+            }
+            // A copy appeared meanwhile: ours is not needed.
+            Ok(false) => {
+                let _ = std::fs::remove_file(&tmp);
+                Ok(Some(()))
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                Err(e)
+            }
         }
+    }
+
+    /// Takes the file at `from`, whose bytes are the object version `key` names (a checkpoint's
+    /// staged copy, just uploaded), as that version's whole-file copy by renaming it into the
+    /// hot tier, so it is not written a second time. The caller vouches for the content, as it
+    /// does for the chunks it stores from the same bytes. `Ok(false)`, leaving `from` alone,
+    /// when it cannot be moved there (another file system, a different length): the copy is
+    /// then assembled from the chunks as usual.
+    pub fn adopt_whole(&self, key: &ChunkKey, from: &std::path::Path) -> Result<bool, CacheError> {
+        let crate::key::Identity::File { size, .. } = key.identity else { return Ok(false) };
+        if self.contains(&key.id()) {
+            return Ok(true);
+        }
+        let io = |e| CacheError::io("adopting a whole-file copy from", from, e);
+        let file = File::open(from).map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        let tier = self.tier(TierKind::Hot)?;
+        // A rename cannot cross file systems; checked before the sync, which would be wasted.
+        let same_fs = std::fs::metadata(tier.root()).is_ok_and(|t| t.dev() == meta.dev());
+        if meta.len() != size || !same_fs {
+            return Ok(false);
+        }
+        let reservation = self.reserve(TierKind::Hot, size)?;
+        // Staged bytes that went up while being written were never synced; a restart must not
+        // keep a copy that a crash tore.
+        file.sync_all().map_err(io)?;
+        match self.install_whole(key, reservation, from, size) {
+            // Another mount of the same file system (a bind mount) refuses it too.
+            Err(CacheError::Io { source, .. }) if source.kind() == std::io::ErrorKind::CrossesDevices => Ok(false),
+            Ok(true) => {
+                debug!(file = %key, "staged file taken as the whole-file copy");
+                Ok(true)
+            }
+            // A copy of this version was already there; `from` stays with its owner.
+            Ok(false) => Ok(true),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Renames the complete, synced file `from` into place as the whole-file copy `key`, with
+    /// its key in a sidecar for restarts, and indexes it. `Ok(false)`, leaving `from`, when a
+    /// copy of `key` is already there.
+    fn install_whole(
+        &self,
+        key: &ChunkKey,
+        reservation: crate::core::Reservation<'_>,
+        from: &std::path::Path,
+        total: u64,
+    ) -> Result<bool, CacheError> {
+        let id = key.id();
+        let tier = self.tier(TierKind::Hot)?;
+        let dest = tier.entry_path(&id, key);
+        let io = |e| CacheError::io("installing a whole-file copy in", tier.root(), e);
+        if let Some(dir) = dest.parent() {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        let sidecar = dest.with_extension(crate::tier::WHOLE_KEY_EXT);
+        std::fs::write(&sidecar, serde_json::to_vec(key).expect("keys serialize")).map_err(io)?;
         let mut ix = self.lock();
         if ix.entries.contains_key(&id) {
-            let _ = std::fs::remove_file(&tmp);
-            return Ok(Some(()));
+            return Ok(false);
         }
-        if let Err(e) = std::fs::rename(&tmp, &dest) {
-            let _ = std::fs::remove_file(&tmp);
+        if let Err(e) = std::fs::rename(from, &dest) {
             let _ = std::fs::remove_file(&sidecar);
             return Err(io(e));
         }
@@ -122,8 +190,7 @@ impl Core {
         let now = now_ms();
         let pin = self.resolve(&key.path).pin;
         ix.insert(id, Entry::new(key.clone(), TierKind::Hot, total, total, now, pin));
-        self.metrics.bytes_written.get_or_create(&metrics::tier(TierKind::Hot)).inc_by(total);
         self.update_gauges(&ix);
-        Ok(Some(()))
+        Ok(true)
     }
 }

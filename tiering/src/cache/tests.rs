@@ -408,3 +408,43 @@ async fn a_damaged_chunk_stops_the_whole_file_copy() {
     assert!(c.open_whole(&whole).is_none());
     assert!(walk(&dir.path().join("hot")).iter().all(|p| !p.to_string_lossy().contains("whole")));
 }
+
+#[tokio::test]
+async fn a_staged_file_is_adopted_as_the_whole_file_copy_by_a_move() {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path(), 1 << 20, None, Policy::default());
+    let bytes: Vec<u8> = (0..3 * CHUNK).map(|i| (i % 253) as u8).collect();
+    let staged = dir.path().join("staged.data");
+    std::fs::write(&staged, &bytes).unwrap();
+    let ino = std::fs::metadata(&staged).unwrap().ino();
+
+    // A length other than the version's is refused, and the file left where it was.
+    let wrong = ChunkKey::whole("s", "v1", bytes.len() as u64 + 1);
+    assert!(!c.adopt_whole(wrong.clone(), staged.clone()).await.unwrap());
+    assert!(staged.exists() && c.open_whole(&wrong).is_none());
+
+    let whole = ChunkKey::whole("s", "v1", bytes.len() as u64);
+    assert!(c.adopt_whole(whole.clone(), staged.clone()).await.unwrap());
+    assert!(!staged.exists(), "the staged file was moved, not copied");
+    let mut copy = c.open_whole(&whole).unwrap();
+    assert_eq!(copy.metadata().unwrap().ino(), ino, "the copy is the staged file itself");
+    let mut got = Vec::new();
+    copy.read_to_end(&mut got).unwrap();
+    assert_eq!(got, bytes);
+    assert_eq!(c.status().tier(TierKind::Hot).unwrap().used, bytes.len() as u64, "the copy counts against the tier");
+
+    // A second staged copy of a version already there is left for its owner to discard.
+    let again = dir.path().join("again.data");
+    std::fs::write(&again, &bytes).unwrap();
+    assert!(c.adopt_whole(whole.clone(), again.clone()).await.unwrap());
+    assert!(again.exists());
+
+    // Kept across a restart, like an assembled copy.
+    drop(c);
+    let c = open(dir.path(), 1 << 20, None, Policy::default());
+    let mut after = Vec::new();
+    c.open_whole(&whole).unwrap().read_to_end(&mut after).unwrap();
+    assert_eq!(after, bytes);
+}
