@@ -159,6 +159,37 @@ fn fuse_root_a_written_checkpoint_becomes_its_own_whole_file_copy() {
     d.stop();
 }
 
+/// A reader that jumps about in a file cached hot, through the daemon (passthrough off), gets
+/// each read from the pieces of the chunk it touches: the hot tier gives up the bytes asked
+/// for, not a whole 1 MiB chunk per 256 KiB read.
+#[test]
+#[ignore = "needs root and /dev/fuse: run by .ci/run"]
+fn fuse_root_random_reads_of_a_hot_file_load_only_the_pieces_they_touch() {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    const MIB: u64 = 1 << 20;
+    let bytes = data(61, 24 << 20);
+    let (_cold, mnt, mut d) = dataset(&[("shuffled.bin", &bytes)], false);
+    let path = mnt.path().join("shuffled.bin");
+    assert_eq!(sha(&std::fs::read(&path).unwrap()), sha(&bytes));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tier(&d.status(), "hot")["chunks"].as_u64() < Some(24) {
+        assert!(Instant::now() < deadline, "the file never got all hot:\n{}", d.status());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // O_DIRECT, so the kernel hands each read to the daemon as it is; each jumps 2 MiB back,
+    // which ends any sequential run.
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&path).unwrap();
+    let before = metric(&d, HOT_READ);
+    let mut buf = vec![0u8; 256 << 10];
+    for at in [23 * MIB, 21 * MIB + (256 << 10), 19 * MIB + (512 << 10), 17 * MIB + (768 << 10)] {
+        f.read_exact_at(&mut buf, at).unwrap();
+        assert!(buf == bytes[at as usize..at as usize + buf.len()], "wrong bytes at {at}");
+    }
+    assert_eq!(metric(&d, HOT_READ) - before, 4 * (256 << 10), "the hot tier gave more than was asked for");
+    d.stop();
+}
+
 /// `tier policy show` once it mentions `want`: pins follow a write in the background.
 fn policy_with(d: &Daemon, want: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(20);

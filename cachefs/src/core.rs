@@ -1051,13 +1051,14 @@ impl FsCore {
         let end = (offset + size as u64).min(file_size);
         let chunk = self.ns.chunk_size();
         let (first, last) = (offset / chunk, (end - 1) / chunk);
-        let ahead = h.ahead.lock().unwrap_or_else(|p| p.into_inner()).on_read(
-            offset,
-            end,
-            chunk,
-            file_size,
-            self.opts.max_read_ahead,
-        );
+        let (ahead, sequential) = {
+            let mut ra = h.ahead.lock().unwrap_or_else(|p| p.into_inner());
+            let ahead = ra.on_read(offset, end, chunk, file_size, self.opts.max_read_ahead);
+            (ahead, ra.sequential())
+        };
+        if !sequential && !(first..=last).all(|i| h.window.lock().unwrap_or_else(|p| p.into_inner()).contains(i)) {
+            return self.read_pieces(&h, offset, end).await;
+        }
         let loads: Vec<(u64, ChunkFuture)> = {
             let mut w = h.window.lock().unwrap_or_else(|p| p.into_inner());
             w.advance(first, last, self.opts.max_read_ahead.div_ceil(chunk) + 1);
@@ -1084,6 +1085,36 @@ impl FsCore {
             let from = (offset.saturating_sub(base) as usize).min(to);
             out.extend_from_slice(&b[from..to]);
         }
+        Ok(out.freeze())
+    }
+}
+
+impl FsCore {
+    /// A read of a reader that jumps about: just the bytes asked for of each chunk, which a
+    /// chunk in a local tier gives by loading only the pieces they fall in. Holding its whole
+    /// chunks in the window, as for a sequential reader, would cost a load of each chunk for
+    /// every read, most of it never used.
+    async fn read_pieces(&self, h: &Handle, offset: u64, end: u64) -> Result<Bytes, FsError> {
+        let chunk = self.ns.chunk_size();
+        let reads = (offset / chunk..=(end - 1) / chunk).map(|i| {
+            let base = i * chunk;
+            let range = offset.max(base) - base..end.min(base + chunk) - base;
+            let key = self.ns.chunk_key(&h.path, &h.node, i);
+            let (cache, fetcher, budget) = (self.cache.clone(), h.fetcher.clone(), self.demand.clone());
+            async move {
+                // A miss fetches the whole chunk: it holds a share of the budget meanwhile.
+                let _permit = budget.acquire_owned().await;
+                cache.get_range(&key, fetcher, range).await
+            }
+        });
+        let parts = futures::future::try_join_all(reads)
+            .await
+            .map_err(|source| FsError::Read { path: h.path.clone(), source: Arc::new(source) })?;
+        if parts.len() == 1 {
+            return Ok(parts.into_iter().next().expect("one part"));
+        }
+        let mut out = BytesMut::with_capacity((end - offset) as usize);
+        parts.iter().for_each(|p| out.extend_from_slice(p));
         Ok(out.freeze())
     }
 }

@@ -42,6 +42,11 @@ impl ReadAhead {
         }
         Some(start / chunk..target.div_ceil(chunk))
     }
+
+    /// Whether the last read continued a run forward (a jump elsewhere ends the run).
+    pub fn sequential(&self) -> bool {
+        self.window > 0
+    }
 }
 
 #[cfg(test)]

@@ -141,13 +141,7 @@ impl TieredCache {
                     .map_err(|e| CacheError::Task(e.to_string()))?;
                 if let Some(hit) = hit {
                     if hit.promote && opts.tier != Some(TierKind::Warm) {
-                        let core = self.core.clone();
-                        let background = self.background.clone();
-                        background.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-                        tokio::task::spawn_blocking(move || {
-                            core.promote(&id);
-                            background.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-                        });
+                        self.promote_in_background(id);
                     }
                     return Ok(hit.bytes);
                 }
@@ -173,6 +167,44 @@ impl TieredCache {
             return Ok(data);
         }
         Err(CacheError::Task(format!("chunk {key} kept vanishing from the cache while being read")))
+    }
+
+    /// The bytes `range` of a chunk, through the cache. A chunk in a local tier gives only the
+    /// pieces the range touches, read and checked; any other read goes through
+    /// [`TieredCache::get`], which fetches and caches the whole chunk.
+    pub async fn get_range(
+        &self,
+        key: &ChunkKey,
+        fetcher: Arc<dyn Fetcher>,
+        range: std::ops::Range<u64>,
+    ) -> Result<Bytes, CacheError> {
+        let id = key.id();
+        // A miss is left to `get`, which counts it once.
+        if !self.core.resolve(&key.path).no_cache && self.core.contains(&id) {
+            let (core, k, r) = (self.core.clone(), key.clone(), range.clone());
+            let hit = tokio::task::spawn_blocking(move || core.lookup_range(&k, &id, r))
+                .await
+                .map_err(|e| CacheError::Task(e.to_string()))?;
+            if let Some(hit) = hit {
+                if hit.promote {
+                    self.promote_in_background(id);
+                }
+                return Ok(hit.bytes);
+            }
+        }
+        let whole = self.get(key, fetcher, GetOptions::default()).await?;
+        let end = (range.end as usize).min(whole.len());
+        Ok(whole.slice((range.start as usize).min(end)..end))
+    }
+
+    fn promote_in_background(&self, id: KeyId) {
+        let core = self.core.clone();
+        let background = self.background.clone();
+        background.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        tokio::task::spawn_blocking(move || {
+            core.promote(&id);
+            background.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        });
     }
 
     fn spawn_fetch(

@@ -159,6 +159,21 @@ impl Core {
 
     /// Looks a chunk up in hot, then warm, and returns its verified bytes.
     pub fn lookup(&self, key: &ChunkKey, id: &KeyId) -> Option<Hit> {
+        self.lookup_with(key, id, chunkfile::read_verified_file)
+    }
+
+    /// As [`Core::lookup`], for the bytes `range` of the chunk only: a small read of a large
+    /// chunk loads and checks the pieces it touches, not the whole chunk.
+    pub fn lookup_range(&self, key: &ChunkKey, id: &KeyId, range: std::ops::Range<u64>) -> Option<Hit> {
+        self.lookup_with(key, id, |f, id, len| chunkfile::read_verified_range(f, id, len, range))
+    }
+
+    fn lookup_with(
+        &self,
+        key: &ChunkKey,
+        id: &KeyId,
+        read: impl FnOnce(File, KeyId, u64) -> Result<Bytes, ChunkFileError>,
+    ) -> Option<Hit> {
         if key.is_whole() {
             // Whole-file copies have no header to verify; they are opened, never read here.
             return None;
@@ -198,7 +213,7 @@ impl Core {
                 }
             }
         };
-        match chunkfile::read_verified_file(file, *id, disk_len) {
+        match read(file, *id, disk_len) {
             Ok(bytes) => {
                 if tier == TierKind::Warm {
                     self.count_misses(&[TierKind::Hot]);

@@ -113,6 +113,40 @@ async fn flipped_byte_is_refetched_and_counted() {
 }
 
 #[tokio::test]
+async fn a_range_of_a_cached_chunk_is_read_from_its_pieces_and_a_flipped_one_is_refetched() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path(), 4 << 20, None, Policy::default());
+    let len = 600 << 10;
+    let f = fetcher(len);
+    let k = key("r", 0);
+    let want = bytes_for(&k, len);
+    // A miss fetches and caches the whole chunk, and gives the range of it.
+    let got = c.get_range(&k, f.clone(), 1000..2000).await.unwrap();
+    assert_eq!(got, want.slice(1000..2000));
+    c.wait_background(Duration::from_secs(5)).await;
+    c.get(&k, f.clone(), W).await.unwrap();
+    // Cached: a range in the third piece is read from the file, not fetched.
+    let third = (512 << 10) + 7..(512 << 10) + 9000;
+    assert_eq!(
+        c.get_range(&k, f.clone(), third.clone()).await.unwrap(),
+        want.slice(third.start as usize..third.end as usize)
+    );
+    assert_eq!(f.calls.load(Ordering::SeqCst), 1);
+    // A flipped byte in that piece: the range is never served from it; the chunk is fetched again.
+    let path = dir.path().join("hot/chunks").join(&k.id().to_hex()[..2]).join(k.id().to_hex());
+    let mut raw = std::fs::read(&path).unwrap();
+    let n = raw.len();
+    raw[n - 100] ^= 0x40;
+    std::fs::write(&path, raw).unwrap();
+    assert_eq!(
+        c.get_range(&k, f.clone(), third.clone()).await.unwrap(),
+        want.slice(third.start as usize..third.end as usize)
+    );
+    assert_eq!(f.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(c.status().checksum_failures, 1);
+}
+
+#[tokio::test]
 async fn hot_overflow_demotes_to_warm_and_caps_hold() {
     let dir = tempfile::tempdir().unwrap();
     let k0 = key("d", 0);
