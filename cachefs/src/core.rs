@@ -1056,7 +1056,10 @@ impl FsCore {
             let ahead = ra.on_read(offset, end, chunk, file_size, self.opts.max_read_ahead);
             (ahead, ra.sequential())
         };
-        if !sequential && !(first..=last).all(|i| h.window.lock().unwrap_or_else(|p| p.into_inner()).contains(i)) {
+        if !sequential && {
+            let w = h.window.lock().unwrap_or_else(|p| p.into_inner());
+            !(first..=last).all(|i| w.contains(i))
+        } {
             return self.read_pieces(&h, offset, end).await;
         }
         let loads: Vec<(u64, ChunkFuture)> = {

@@ -224,16 +224,12 @@ impl Fixed {
 
     /// The piece table, from the bytes at `table_at`, checked against the header's CRC.
     fn table(&self, raw: &[u8]) -> Result<Vec<u32>, ChunkFileError> {
-        let computed = crc32c(raw);
-        if computed != self.crc {
-            return Err(ChunkFileError::Checksum { stored: self.crc, computed });
-        }
+        check_crc(self.crc, crc32c(raw))?;
         Ok(raw.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
     }
 }
 
-fn check_piece(data: &[u8], stored: u32) -> Result<(), ChunkFileError> {
-    let computed = crc32c(data);
+fn check_crc(stored: u32, computed: u32) -> Result<(), ChunkFileError> {
     if computed != stored {
         return Err(ChunkFileError::Checksum { stored, computed });
     }
@@ -275,7 +271,7 @@ pub fn read_verified_file(mut f: File, expect: KeyId, file_len: u64) -> Result<B
             return Err(ChunkFileError::Torn { expected: file_len, actual: (at + n) as u64 });
         }
         match &table {
-            Some(t) => check_piece(&buf[at..end], t[i])?,
+            Some(t) => check_crc(t[i], crc32c(&buf[at..end]))?,
             None => whole.update(&buf[at..end]),
         }
         (at, i) = (end, i + 1);
@@ -285,10 +281,7 @@ pub fn read_verified_file(mut f: File, expect: KeyId, file_len: u64) -> Result<B
         return Err(ChunkFileError::Torn { expected: file_len, actual: file_len + 1 });
     }
     if table.is_none() {
-        let computed = whole.finish();
-        if computed != h.crc {
-            return Err(ChunkFileError::Checksum { stored: h.crc, computed });
-        }
+        check_crc(h.crc, whole.finish())?;
     }
     Ok(Bytes::from(buf).slice(data_offset..))
 }
@@ -326,7 +319,7 @@ pub fn read_verified_range(
     let mut buf = vec![0u8; (to - from) as usize];
     f.read_exact_at(&mut buf, h.data_offset + from)?;
     for (i, p) in buf.chunks(PIECE).enumerate() {
-        check_piece(p, table[first as usize + i])?;
+        check_crc(table[first as usize + i], crc32c(p))?;
     }
     Ok(Bytes::from(buf).slice((start - from) as usize..(end - from) as usize))
 }
