@@ -263,6 +263,43 @@ fn wait_for_metric(d: &Daemon, sample: &str, at_least: u64) {
     }
 }
 
+/// Resident bytes of `path` in the page cache, by `fincore`.
+fn resident(path: &Path) -> u64 {
+    let out = Command::new("fincore").args(["--bytes", "--noheadings", "--raw", "--output", "RES"]).arg(path).output();
+    let out = out.expect("fincore (util-linux) runs");
+    assert!(out.status.success(), "fincore {}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().expect("fincore prints a byte count")
+}
+
+/// A checkpoint written front to back goes to its staged file in whole parts with direct I/O,
+/// and each part goes up from memory: the node's page cache, which holds its datasets, is not
+/// filled with the checkpoint. The object is still exactly what was written.
+#[test]
+#[ignore = "needs root and /dev/fuse: run by .ci/run"]
+fn fuse_root_a_checkpoint_written_front_to_back_stays_out_of_the_page_cache() {
+    use std::io::Write;
+    const PART: usize = 5 << 20;
+    let (cold, mnt, mut d) = dataset_with(&[], "part_size = \"5MiB\"\nupload_parallel = 2\n");
+    let bytes = data(41, 4 * PART + 4321);
+    let mut f = std::fs::File::create(mnt.path().join("step9.pt")).unwrap();
+    for piece in bytes.chunks(1 << 20) {
+        f.write_all(piece).unwrap();
+    }
+    let staged: Vec<PathBuf> =
+        files_under(d.state()).into_iter().filter(|p| p.extension().is_some_and(|e| e == "data")).collect();
+    assert_eq!(staged.len(), 1, "one staged file while writing: {staged:?}");
+    assert_eq!(std::fs::metadata(&staged[0]).unwrap().len(), 4 * PART as u64, "the whole parts are in the file");
+    // Through the page cache, all 20 MiB would be resident now.
+    let cached = resident(&staged[0]);
+    assert!(cached < PART as u64, "{cached} bytes of the staged checkpoint are in the page cache");
+    wait_for_metric(&d, PARTS_WHILE_WRITING, 2);
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(sha(&std::fs::read(cold.path().join("ds/step9.pt")).unwrap()), sha(&bytes), "the object");
+    assert_eq!(sha(&std::fs::read(mnt.path().join("step9.pt")).unwrap()), sha(&bytes), "read back through the mount");
+    d.stop();
+}
+
 /// A checkpoint larger than a part goes up while it is written: parts are in the store before
 /// the writer's fsync, yet the object appears only when the fsync completes the upload. A crash
 /// before that leaves no object, and the restart reports the staged file rather than upload a

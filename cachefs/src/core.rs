@@ -558,8 +558,8 @@ impl FsCore {
     fn start_staging(&self, ino: u64, path: &str) -> Result<Arc<tokio::sync::Mutex<Staged>>, FsError> {
         let dir = self.opts.staging_dir.as_ref().ok_or(FsError::NotSupported("this mount is read-only"))?;
         let id = self.next_stage.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let staged =
-            Staged::create(dir, id, path).map_err(|source| FsError::Stage { path: path.to_string(), source })?;
+        let staged = Staged::create(dir, id, path, self.ns.streaming().map(|(part, _)| part))
+            .map_err(|source| FsError::Stage { path: path.to_string(), source })?;
         let staged = Arc::new(tokio::sync::Mutex::new(staged));
         self.writers.lock().unwrap_or_else(|p| p.into_inner()).insert(ino, staged.clone());
         let name = path.rsplit('/').next().unwrap_or(path).to_string();
@@ -1317,14 +1317,14 @@ mod write_tests {
     async fn leftovers_upload_only_when_complete() {
         let dir = tempfile::tempdir().unwrap();
         let staging = dir.path().join("staging");
-        let done = Staged::create(&staging, 7, "done.bin").unwrap();
+        let done = Staged::create(&staging, 7, "done.bin", None).unwrap();
         let mut s = done;
         s.write_at(0, b"whole").unwrap();
         s.seal().unwrap();
-        let mut cut = Staged::create(&staging, 8, "cut.bin").unwrap();
+        let mut cut = Staged::create(&staging, 8, "cut.bin", None).unwrap();
         cut.write_at(0, b"par").unwrap();
         // Uploaded, then renamed, and the process died before the staged copy was cached.
-        let mut sent = Staged::create(&staging, 9, "sent.tmp").unwrap();
+        let mut sent = Staged::create(&staging, 9, "sent.tmp", None).unwrap();
         sent.write_at(0, b"renamed since").unwrap();
         sent.seal().unwrap();
         sent.forget_manifest();
@@ -1466,10 +1466,10 @@ mod write_tests {
         let dir = tempfile::tempdir().unwrap();
         let staging = dir.path().join("staging");
         let crc = strata_tiering::chunkfile::crc32c(b"whole");
-        let mut good = Staged::create(&staging, 7, "good.bin").unwrap();
+        let mut good = Staged::create(&staging, 7, "good.bin", None).unwrap();
         good.write_at(0, b"whole").unwrap();
         good.seal_unsynced(crc).unwrap();
-        let mut torn = Staged::create(&staging, 8, "torn.bin").unwrap();
+        let mut torn = Staged::create(&staging, 8, "torn.bin", None).unwrap();
         torn.write_at(0, b"whole").unwrap();
         torn.seal_unsynced(crc).unwrap();
         // What a crash before writeback can leave: the right length, not the right bytes.

@@ -1,6 +1,7 @@
 //! Uploading a file while it is being written. Once a writer has written a whole part beyond
-//! what was sent, that part goes up in the background, read back from the staging file (still
-//! in the page cache); fsync or close then sends only the tail and completes the upload. So a
+//! what was sent, that part goes up in the background, from the buffer it was staged from (see
+//! `staging`), or else read back from the staging file; fsync or close then sends only the tail
+//! and completes the upload. So a
 //! checkpoint is in the store soon after its last write, instead of one whole upload later.
 //!
 //! The object still appears only when the upload completes. A write or truncate behind what
@@ -44,6 +45,20 @@ pub async fn pump(ns: &dyn Namespace, s: &mut Staged) -> u64 {
         None => return 0,
     };
     let mut parts = 0;
+    // Parts held in memory wait for the upload; past a few, so does the writer, rather than
+    // memory filling with a file the store takes in more slowly than it is written.
+    while s.parts_waiting() > crate::staging::MAX_READY_PARTS {
+        if let Err(e) = st.upload.wait_for_room(parallel).await {
+            tracing::debug!(path = %s.target, error = %e, "a part failed while writing; the file goes up whole");
+            s.stop_streaming();
+            return parts;
+        }
+        if send_next(s, &mut st, part).is_err() {
+            s.stop_streaming();
+            return parts;
+        }
+        parts += 1;
+    }
     while s.len >= st.sent + part && st.upload.in_flight() < parallel {
         if send_next(s, &mut st, part).is_err() {
             // Dropping the upload aborts it.
@@ -56,12 +71,16 @@ pub async fn pump(ns: &dyn Namespace, s: &mut Staged) -> u64 {
     parts
 }
 
-/// Sends the `len` bytes after what was sent as the next part.
-fn send_next(s: &Staged, st: &mut Stream, len: u64) -> std::io::Result<()> {
-    let data = s.read_at(st.sent, len as usize)?;
+/// Sends the `len` bytes after what was sent as the next part: the part itself if the staged
+/// file still holds it in memory, else read back from the file.
+fn send_next(s: &mut Staged, st: &mut Stream, len: u64) -> std::io::Result<()> {
+    let data = match s.take_part(st.sent).filter(|p| p.len() as u64 == len) {
+        Some(p) => p,
+        None => Bytes::from(s.read_at(st.sent, len as usize)?),
+    };
     st.crc.update(&data);
     st.sent += data.len() as u64;
-    st.upload.put_part(Bytes::from(data));
+    st.upload.put_part(data);
     Ok(())
 }
 
