@@ -303,6 +303,11 @@ impl Staged {
 
     pub fn truncate(&mut self, len: u64) -> io::Result<()> {
         self.changing_from(len)?;
+        if len == 0 {
+            // Nothing buffered is kept, so nothing of it needs writing: a part whose write failed
+            // must not make the truncate that starts the content again fail too.
+            self.direct = None;
+        }
         self.settle()?;
         self.file.set_len(len)?;
         if len == 0 {
