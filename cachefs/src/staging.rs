@@ -211,10 +211,7 @@ impl Staged {
         }
         let mut buf = vec![0u8; (end - offset) as usize];
         // Bytes past the buffer's start are not in the file yet.
-        let (in_file, held) = match &self.direct {
-            Some(d) => (d.base.clamp(offset, end), d.held()),
-            None => (end, &[][..]),
-        };
+        let in_file = self.direct.as_ref().map_or(end, |d| d.base.clamp(offset, end));
         let split = (in_file - offset) as usize;
         self.file.read_exact_at(&mut buf[..split], offset)?;
         if let Some(d) = &self.direct
@@ -222,7 +219,7 @@ impl Staged {
         {
             let from = (in_file - d.base) as usize;
             let n = buf.len() - split;
-            buf[split..].copy_from_slice(&held[from..from + n]);
+            buf[split..].copy_from_slice(&d.held()[from..from + n]);
         }
         Ok(buf)
     }

@@ -45,21 +45,19 @@ pub async fn pump(ns: &dyn Namespace, s: &mut Staged) -> u64 {
         None => return 0,
     };
     let mut parts = 0;
-    // Parts held in memory wait for the upload; past a few, so does the writer, rather than
-    // memory filling with a file the store takes in more slowly than it is written.
-    while s.parts_waiting() > crate::staging::MAX_READY_PARTS {
-        if let Err(e) = st.upload.wait_for_room(parallel).await {
-            tracing::debug!(path = %s.target, error = %e, "a part failed while writing; the file goes up whole");
-            s.stop_streaming();
-            return parts;
+    while s.len >= st.sent + part {
+        if st.upload.in_flight() >= parallel {
+            // Parts held in memory wait for the upload; past a few, so does the writer, rather
+            // than memory filling with a file the store takes in more slowly than it is written.
+            if s.parts_waiting() <= crate::staging::MAX_READY_PARTS {
+                break;
+            }
+            if let Err(e) = st.upload.wait_for_room(parallel).await {
+                tracing::debug!(path = %s.target, error = %e, "a part failed while writing; the file goes up whole");
+                s.stop_streaming();
+                return parts;
+            }
         }
-        if send_next(s, &mut st, part).is_err() {
-            s.stop_streaming();
-            return parts;
-        }
-        parts += 1;
-    }
-    while s.len >= st.sent + part && st.upload.in_flight() < parallel {
         if send_next(s, &mut st, part).is_err() {
             // Dropping the upload aborts it.
             s.stop_streaming();
