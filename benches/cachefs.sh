@@ -381,12 +381,14 @@ meta_s3fs() { meta_fs s3fs; }
 meta_rclone() { meta_fs rclone; }
 meta_strata() { meta_fs strata strata-meta fresh --metadata-ttl 300s; }
 
+# Bytes the mount has caused to be written to the local disk so far.
+written_bytes() { awk '/^write_bytes/ { print $2 }' "/proc/$MPID/io"; }
 ckpt_strata() {
   local t0 t1 t2 w0 w1 w out
   # Room for the checkpoint's chunks and its whole-file copy, both kept hot.
   HOT_CAPACITY=16GiB start_strata ckpt strata-ckpt fresh --part-size 16MiB --upload-parallel 4
   drop_caches
-  w0=$(awk '/^write_bytes/ { print $2 }' "/proc/$MPID/io")
+  w0=$(written_bytes)
   t0=$EPOCHREALTIME
   out=$(timeout -k 10 "$TIMEOUT" dd if="$WORK/ckpt.src" of="$MNT/bench/ckpt.tmp" bs=4M conv=fsync 2>&1) ||
     { log "dd into strata failed: $out"; return 1; }
@@ -409,9 +411,9 @@ ckpt_strata() {
   t2=$EPOCHREALTIME
   # The chunks are written from the copy after it is in place: wait until the mount has
   # written nothing more for a second.
-  w1=$(awk '/^write_bytes/ { print $2 }' "/proc/$MPID/io")
+  w1=$(written_bytes)
   while sleep 1; do
-    w=$(awk '/^write_bytes/ { print $2 }' "/proc/$MPID/io")
+    w=$(written_bytes)
     [[ $w != "$w1" ]] || break
     w1=$w
   done

@@ -145,10 +145,7 @@ fn fuse_root_a_written_checkpoint_becomes_its_own_whole_file_copy() {
     assert!(!staged[0].exists());
     // Only the chunks were written into the tier, from the copy once it was in place: their
     // headers and checksums add a little.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while metric(&d, HOT_WRITTEN) - written_before < bytes.len() as u64 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_metric(&d, HOT_WRITTEN, written_before + bytes.len() as u64);
     let written = metric(&d, HOT_WRITTEN) - written_before;
     assert!(
         written >= bytes.len() as u64 && written < bytes.len() as u64 * 3 / 2,

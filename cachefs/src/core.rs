@@ -813,14 +813,16 @@ impl FsCore {
         // chunks take a read and a write of every byte, so a restart soon after the checkpoint
         // reads it at local speed seconds sooner. The chunks are read from the staged file's
         // open descriptor, which the move leaves valid.
-        let mut whole_done = false;
-        if self.keeper.assemble.is_some() {
-            let (whole, _) = crate::assemble::keys(self.ns.as_ref(), &i.path, &i.node);
-            match self.cache.adopt_whole(whole, s.data_path().to_path_buf()).await {
-                Ok(adopted) => whole_done = adopted,
-                Err(e) => tracing::debug!(path = %i.path, error = %e, "staged copy not taken as the whole-file copy"),
+        let adopted = match &self.keeper.assemble {
+            None => false,
+            Some(_) => {
+                let (whole, _) = crate::assemble::keys(self.ns.as_ref(), &i.path, &i.node);
+                self.cache.adopt_whole(whole, s.data_path().to_path_buf()).await.unwrap_or_else(|e| {
+                    tracing::debug!(path = %i.path, error = %e, "staged copy not taken as the whole-file copy");
+                    false
+                })
             }
-        }
+        };
         let chunk = self.ns.chunk_size();
         let mut index = 0;
         while index * chunk < s.len {
@@ -832,7 +834,7 @@ impl FsCore {
             index += 1;
         }
         self.keeper.keep_newest(&i.path, &i.node, s.created).await;
-        if !whole_done {
+        if !adopted {
             self.keeper.request_whole(&i.path, &i.node);
         }
     }
