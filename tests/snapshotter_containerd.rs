@@ -580,6 +580,16 @@ fn python_starts_having_fetched_a_small_part_of_its_image() {
         if let Some(started) = started {
             let answers = proxy.blob_answers(started, &layers[0]);
             assert!(answers.is_empty(), "the container's own fetches: {answers:?}");
+        } else {
+            // Without a region, python's loader and libraries were asked for once its binary's
+            // headers came in, not one by one as the loader opened them.
+            let metrics = node.daemon.metrics_text();
+            let ahead = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix("strata_snapshotter_loader_files_fetched_ahead_total "))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+            assert!(ahead >= 4, "the interpreter, its cache, libm and libc at least: {ahead}");
         }
         let (tag_repo, tag) = reference.split_once(':').unwrap();
         let url = format!("http://{}/v2/strata/{tag_repo}/manifests/{tag}", registry());

@@ -3,7 +3,7 @@
 //! walk the blob forwards also bring the chunks after them (`readaround`).
 
 use crate::estargz::{self, Chunk};
-use crate::layer::{Blob, FileData};
+use crate::layer::{Blob, FileData, Tree};
 use crate::readaround::{self, MAX_WINDOW};
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -61,8 +61,11 @@ impl Drop for DemandGuard {
 pub(crate) struct LayerFetcher {
     pub(crate) blob: Arc<Blob>,
     pub(crate) file: Option<Arc<FileData>>,
-    /// Every distinct chunk of the layer, in blob order.
-    pub(crate) pieces: Pieces,
+    /// The layer's tree: its chunks in blob order, and its files for the loader's names.
+    pub(crate) tree: Arc<Tree>,
+    /// Fetching ahead of a starting program's loader, not for a reader: the chunk alone,
+    /// leaving the readers' walk as it is.
+    pub(crate) ahead: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,7 +87,9 @@ impl Fetcher for LayerFetcher {
         let blob = self.blob.clone();
         let chunk =
             self.file.as_ref().and_then(|f| f.by_digest.get(&digest).map(|&i| (f.path.clone(), f.chunks[i].clone())));
-        let pieces = self.pieces.clone();
+        let tree = self.tree.clone();
+        let pieces = tree.pieces.clone();
+        let ahead = self.ahead;
         let key = key.clone();
         Box::pin(async move {
             let (path, chunk) = chunk.ok_or_else(|| Arc::new(ChunkFetchError::Unknown(digest)) as FetchError)?;
@@ -101,7 +106,12 @@ impl Fetcher for LayerFetcher {
                     return Ok(bytes);
                 }
                 waits += 1;
-                if let Some(around) = read_around(&blob, &pieces, &path, &chunk, waits > 3) {
+                let around = if ahead {
+                    Some(alone(&blob, &mut blob.walk.lock().unwrap_or_else(|p| p.into_inner()), &chunk))
+                } else {
+                    read_around(&blob, &pieces, &path, &chunk, waits > 3)
+                };
+                if let Some(around) = around {
                     break around;
                 }
             };
@@ -140,6 +150,9 @@ impl Fetcher for LayerFetcher {
             if window >= MAX_WINDOW {
                 read_ahead(&blob, &pieces, end);
             }
+            // A program being started is read here and there, not walked through: an ELF file
+            // met on a walk (`find | xargs cat`) is being read, not run.
+            let (name, first) = (path.clone(), chunk.file_offset == 0 && window == 0);
             let decoded = tokio::task::spawn_blocking(move || estargz::decode_chunk(&path, &chunk, &compressed))
                 .await
                 .map_err(|e| Arc::new(std::io::Error::other(e.to_string())) as FetchError)?;
@@ -149,7 +162,11 @@ impl Fetcher for LayerFetcher {
                 tracing::error!(layer = %blob.digest, error = %e, "a chunk from the registry failed verification");
                 Arc::new(ChunkFetchError::from(e)) as FetchError
             })?;
-            Ok(Bytes::from(bytes))
+            let bytes = Bytes::from(bytes);
+            if first && crate::elf::is_elf(&bytes) {
+                crate::loader::follow(&blob, &tree, &name, bytes.clone());
+            }
+            Ok(bytes)
         })
     }
 }
@@ -170,11 +187,7 @@ struct Around {
 /// `anyway`.
 fn read_around(blob: &Arc<Blob>, pieces: &Pieces, path: &str, chunk: &Chunk, anyway: bool) -> Option<Around> {
     let mut walk = blob.walk.lock().unwrap_or_else(|p| p.into_inner());
-    let alone = |walk: &mut readaround::Walk| {
-        let in_flight = InFlight::begin_in(blob, walk, chunk.offset..chunk.compressed_end, false);
-        Some(Around { extra: Vec::new(), window: 0, end: chunk.compressed_end, in_flight })
-    };
-    let Some(cache) = blob.cache.get() else { return alone(&mut walk) };
+    let Some(cache) = blob.cache.get() else { return Some(alone(blob, &mut walk, chunk)) };
     if !anyway && walk.in_flight_over(chunk.offset).is_some() {
         return None;
     }
@@ -186,7 +199,7 @@ fn read_around(blob: &Arc<Blob>, pieces: &Pieces, path: &str, chunk: &Chunk, any
     }
     let window = walk.read(chunk.offset, chunk.compressed_end);
     if window == 0 {
-        return alone(&mut walk);
+        return Some(alone(blob, &mut walk, chunk));
     }
     let limit = chunk.compressed_end + window;
     let extra = readaround::following(pieces, chunk.compressed_end, limit, |p| {
@@ -197,6 +210,12 @@ fn read_around(blob: &Arc<Blob>, pieces: &Pieces, path: &str, chunk: &Chunk, any
     walk.reached(end);
     let in_flight = InFlight::begin_in(blob, &mut walk, chunk.offset..end, false);
     Some(Around { extra, window, end, in_flight })
+}
+
+/// `chunk` by itself, recorded in flight under the walk's lock.
+fn alone(blob: &Arc<Blob>, walk: &mut readaround::Walk, chunk: &Chunk) -> Around {
+    let in_flight = InFlight::begin_in(blob, walk, chunk.offset..chunk.compressed_end, false);
+    Around { extra: Vec::new(), window: 0, end: chunk.compressed_end, in_flight }
 }
 
 fn cached(cache: &strata_tiering::TieredCache, (path, c): &(String, Chunk)) -> bool {

@@ -58,6 +58,8 @@ pub struct Blob {
     /// Bumped each time read-around, read-ahead or fill caches a chunk, so a reader waiting on
     /// a range in flight goes on as soon as its own chunk is in, not when the whole range is.
     pub cached: tokio::sync::watch::Sender<u64>,
+    /// Files already fetched ahead for a starting program's loader, so each is asked once.
+    pub(crate) followed: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Blob {
@@ -75,6 +77,7 @@ impl Blob {
             cache: Default::default(),
             opened: Default::default(),
             cached: tokio::sync::watch::Sender::new(0),
+            followed: Default::default(),
         }
     }
 
@@ -100,17 +103,54 @@ pub(crate) struct FileData {
 }
 
 #[derive(Debug)]
-struct Tree {
+pub(crate) struct Tree {
     describe: String,
     landmark: estargz::Landmark,
     /// Every distinct chunk with a file it belongs to, in blob order.
-    pieces: Arc<Vec<(String, Chunk)>>,
+    pub(crate) pieces: Arc<Vec<(String, Chunk)>>,
     root: Node,
     dirs: HashMap<String, Vec<Node>>,
     files: HashMap<String, Arc<FileData>>,
     links: HashMap<String, String>,
     xattrs: HashMap<String, BTreeMap<String, Vec<u8>>>,
-    chunk_size: u64,
+    pub(crate) chunk_size: u64,
+}
+
+/// Symlinks followed in one path at most, as the kernel's limit.
+const MAX_SYMLINKS: usize = 40;
+
+impl Tree {
+    /// The regular file that `path` (absolute or not) names in this layer, following symlinks
+    /// in every component as the kernel would, without leaving the layer's root.
+    pub(crate) fn resolve(&self, path: &str) -> Option<Arc<FileData>> {
+        let mut todo: std::collections::VecDeque<String> = path.split('/').map(str::to_owned).collect();
+        let mut at: Vec<String> = Vec::new();
+        let mut hops = 0;
+        while let Some(part) = todo.pop_front() {
+            match part.as_str() {
+                "" | "." => continue,
+                ".." => {
+                    at.pop();
+                    continue;
+                }
+                _ => at.push(part),
+            }
+            if let Some(target) = self.links.get(&at.join("/")) {
+                hops += 1;
+                if hops > MAX_SYMLINKS {
+                    return None;
+                }
+                at.pop();
+                if target.starts_with('/') {
+                    at.clear();
+                }
+                for part in target.split('/').rev() {
+                    todo.push_front(part.to_owned());
+                }
+            }
+        }
+        self.files.get(&at.join("/")).cloned()
+    }
 }
 
 /// The namespace of one mounted layer. Cheap to clone.
@@ -349,7 +389,8 @@ impl Namespace for LayerNamespace {
         Arc::new(LayerFetcher {
             blob: self.blob.clone(),
             file: self.tree.files.get(path).cloned(),
-            pieces: self.tree.pieces.clone(),
+            tree: self.tree.clone(),
+            ahead: false,
         })
     }
 }

@@ -6,12 +6,14 @@
 pub mod activity;
 pub mod convert;
 pub mod early;
+pub mod elf;
 pub mod error;
 pub mod fetch;
 pub mod fill;
 pub mod filter;
 pub mod layer;
 pub mod lazy;
+mod loader;
 pub mod model;
 pub mod overlay;
 pub mod proto;

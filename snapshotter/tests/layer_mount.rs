@@ -191,3 +191,65 @@ async fn a_chunk_that_does_not_match_its_digest_is_an_io_error_not_wrong_bytes()
     assert_eq!(result.1, Err(Some(libc::EIO)), "the chunk that does not match is EIO");
     tokio::task::spawn_blocking(move || mounted.unmount()).await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs root, /dev/fuse and the test registry: run by .ci/run"]
+async fn a_program_read_from_a_layer_has_its_loader_and_libraries_fetched_before_they_are_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = cache(dir.path());
+    let reg = Arc::new(client());
+    // The plain conversion: no prefetch region, so nothing is fetched until it is read.
+    let (image, layers) = layers(&reg, "python:esgz").await;
+    let layer = &layers[0];
+    let opts = RemoteOptions::default();
+    let ns = open_layer(reg.clone(), &image, &layer.digest, &layer.annotations[TOC_DIGEST], &opts).await.unwrap();
+    let blob = ns.blob().clone();
+    let key = |path: &str| {
+        let chunks = ns.file_chunks(path).unwrap_or_else(|| panic!("{path} is a regular file of the layer"));
+        strata_tiering::ChunkKey::digest(path, chunks[0].digest.clone())
+    };
+    // python3.11 links libm and libc (among others), and its interpreter reads its cache.
+    let lib = "usr/lib/x86_64-linux-gnu";
+    let linked = [
+        format!("{lib}/ld-linux-x86-64.so.2"),
+        "etc/ld.so.cache".to_owned(),
+        format!("{lib}/libm.so.6"),
+        format!("{lib}/libc.so.6"),
+    ];
+    // On Debian, but not linked by python3.11.
+    let unrelated = key(&format!("{lib}/libselinux.so.1"));
+    let keys: Vec<_> = linked.iter().map(|p| key(p)).collect();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = mount_layer(ns.clone(), cache.clone(), &mnt, &opts).await.unwrap();
+    assert!(keys.iter().all(|k| cache.location(k).is_none()), "nothing is fetched before a read");
+
+    // The kernel's first read of a program it starts: its ELF header.
+    let program = mnt.join("usr/bin/python3.11");
+    let head = tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let mut head = vec![0u8; 4096];
+        std::fs::File::open(program).unwrap().read_exact(&mut head).unwrap();
+        head
+    })
+    .await
+    .unwrap();
+    assert_eq!(&head[..4], b"\x7fELF");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while keys.iter().any(|k| cache.location(k).is_none()) {
+        assert!(std::time::Instant::now() < deadline, "not all of {linked:?} were fetched ahead");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(blob.rejects.loader_files.get() >= linked.len() as u64, "each is counted");
+    assert!(cache.location(&unrelated).is_none(), "a library the program does not link is left alone");
+
+    // The loader's reads then fetch nothing: the bytes are local, and they are the right ones.
+    let fetched = blob.fetched.load(std::sync::atomic::Ordering::Relaxed);
+    let libc = mnt.join(format!("{lib}/libc.so.6"));
+    let read = tokio::task::spawn_blocking(move || std::fs::read(libc).unwrap()).await.unwrap();
+    let whole = reg.blob_range(&image, &layer.digest, 0..layer.size).await.unwrap();
+    let plain = plain_entries(&whole);
+    assert_eq!(read, plain[&format!("{lib}/libc.so.6")].content, "libc as the layer's tar holds it");
+    assert_eq!(blob.fetched.load(std::sync::atomic::Ordering::Relaxed), fetched, "libc was read from the cache");
+    tokio::task::spawn_blocking(move || mounted.unmount()).await.unwrap().unwrap();
+}

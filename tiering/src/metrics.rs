@@ -32,6 +32,7 @@ pub const SNAPSHOT_REQUESTS: &str = "strata_snapshotter_requests";
 pub const SNAPSHOT_LAYERS: &str = "strata_snapshotter_layers";
 pub const LAYER_CHUNK_REJECTS: &str = "strata_snapshotter_chunks_rejected";
 pub const PREFETCH_WAIT_SECONDS: &str = "strata_snapshotter_prefetch_wait_seconds";
+pub const LOADER_FILES: &str = "strata_snapshotter_loader_files_fetched_ahead";
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TierLabel {
@@ -95,6 +96,8 @@ pub struct Metrics {
     pub layer_chunk_rejects: Counter,
     /// How long container starts waited for their lazy layers' prefetch regions.
     pub prefetch_wait_seconds: FetchHistogram,
+    /// Files of lazy layers fetched because a program starting from the layer links them.
+    pub loader_files: Counter,
     /// All evictions, whatever the tier and reason; for status output.
     pub evicted_chunks: Counter,
 }
@@ -168,6 +171,11 @@ impl Metrics {
             LAYER_CHUNK_REJECTS,
             "Chunks of lazy layers refused because the registry's bytes did not match their digest (served as EIO)",
             self.layer_chunk_rejects.clone(),
+        );
+        r.register(
+            LOADER_FILES,
+            "Files of lazy layers fetched before they were read, because a program being started from the layer names them as its ELF interpreter or libraries",
+            self.loader_files.clone(),
         );
         r.register(
             PREFETCH_WAIT_SECONDS,

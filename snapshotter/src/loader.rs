@@ -1,0 +1,155 @@
+//! The files a dynamically linked program's loader will read, fetched as soon as the program's
+//! first bytes arrive. Starting `python3` from a layer with no prefetch region reads the
+//! binary, then its ELF interpreter, then `/etc/ld.so.cache`, then each library it links, one
+//! after another: a registry round trip each, on the link lazy pulls are for. The binary's
+//! headers name all of them, so they are asked for at once, side by side, and the libraries'
+//! own dependencies are followed the same way when their bytes come in. Only files of the same
+//! layer are followed, the chunks are checked against the TOC like any other, and each file is
+//! asked for once per layer.
+
+use crate::elf::{Dynamic, Headers};
+use crate::fetch::LayerFetcher;
+use crate::layer::{Blob, FileData, Tree};
+use bytes::Bytes;
+use std::ops::Range;
+use std::sync::Arc;
+use strata_tiering::{ChunkKey, GetOptions, TieredCache};
+
+/// Libraries followed from one file at most.
+const MAX_NEEDED: usize = 64;
+/// Files followed in one layer at most: a layer of many programs started one after another
+/// still fetches only what their starts read, but no more than this ahead of them.
+const MAX_FOLLOWED: usize = 1024;
+/// Of a file fetched ahead, the chunks within this many bytes from its start: its headers and
+/// dynamic section, and the code a start runs, for all but the largest libraries.
+const AHEAD_BYTES: u64 = 8 << 20;
+/// Chunks fetched ahead at once, on the whole node: what bounds their memory when a program
+/// links dozens of large libraries (a machine-learning framework's, say).
+static AHEAD_AT_ONCE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(8);
+/// What glibc's loader reads before any library.
+const LD_CACHE: &str = "etc/ld.so.cache";
+
+/// Follows the ELF file at `path` in the layer, whose first chunk `head` has just been fetched:
+/// fetches what its loader will read, in the background.
+pub(crate) fn follow(blob: &Arc<Blob>, tree: &Arc<Tree>, path: &str, head: Bytes) {
+    let Some(cache) = blob.cache.get().cloned() else { return };
+    let Some(headers) = Headers::parse(&head) else { return };
+    let (blob, tree, path) = (blob.clone(), tree.clone(), path.to_owned());
+    tokio::spawn(async move {
+        // The interpreter and its cache are named in the first bytes; ask for them before
+        // reading the dynamic section, which may be in a chunk still on its way.
+        if let Some(interp) = &headers.interp {
+            ahead(&blob, &tree, &cache, interp);
+            ahead(&blob, &tree, &cache, LD_CACHE);
+        }
+        let Some(file) = tree.resolve(&path) else { return };
+        for name in needed(&blob, &tree, &cache, &file, &headers, &head).await {
+            ahead(&blob, &tree, &cache, &name);
+        }
+    });
+}
+
+/// The paths of the libraries `file` needs, found in the layer as the loader would search.
+async fn needed(
+    blob: &Arc<Blob>,
+    tree: &Arc<Tree>,
+    cache: &TieredCache,
+    file: &Arc<FileData>,
+    headers: &Headers,
+    head: &Bytes,
+) -> Vec<String> {
+    let Some(range) = headers.dynamic.clone() else { return Vec::new() };
+    let Some(section) = read(blob, tree, cache, file, range, head).await else { return Vec::new() };
+    let dynamic = Dynamic::parse(&section, headers);
+    let Some(strtab) = dynamic.strtab.clone() else { return Vec::new() };
+    let Some(strings) = read(blob, tree, cache, file, strtab, head).await else { return Vec::new() };
+    let (names, search) = dynamic.names(&strings);
+    let origin = file.path.rsplit_once('/').map_or("", |(dir, _)| dir);
+    let dirs: Vec<String> = search
+        .iter()
+        .map(|d| d.replace("${ORIGIN}", &format!("/{origin}")).replace("$ORIGIN", &format!("/{origin}")))
+        // Other expansions ($LIB, $PLATFORM) depend on the running machine; not guessed.
+        .filter(|d| !d.contains('$'))
+        .chain(headers.default_dirs().iter().map(|d| (*d).to_owned()))
+        .collect();
+    names
+        .iter()
+        .take(MAX_NEEDED)
+        .filter_map(|name| {
+            if name.contains('/') {
+                return Some(name.clone());
+            }
+            dirs.iter().map(|d| format!("{d}/{name}")).find(|p| tree.resolve(p).is_some())
+        })
+        .collect()
+}
+
+/// Bytes `range` of `file`, from `head` (its first chunk) or through the cache: a chunk a
+/// reader is fetching now is waited for, not fetched again.
+async fn read(
+    blob: &Arc<Blob>,
+    tree: &Arc<Tree>,
+    cache: &TieredCache,
+    file: &Arc<FileData>,
+    range: Range<u64>,
+    head: &Bytes,
+) -> Option<Bytes> {
+    if range.end <= head.len() as u64 {
+        return Some(head.slice(range.start as usize..range.end as usize));
+    }
+    let size = tree.chunk_size;
+    let mut out = bytes::BytesMut::new();
+    for index in range.start / size..range.end.div_ceil(size) {
+        let chunk = file.chunks.get(index as usize)?;
+        let start = range.start.max(index * size) - index * size;
+        let end = range.end.min((index + 1) * size) - index * size;
+        let key = ChunkKey::digest(file.path.clone(), chunk.digest.clone());
+        match cache.get_range(&key, fetcher(blob, tree, file), start..end).await {
+            Ok(bytes) => out.extend_from_slice(&bytes),
+            Err(e) => {
+                tracing::debug!(layer = %blob.digest, path = %file.path, error = %e, "an ELF file's dynamic section was not read");
+                return None;
+            }
+        }
+    }
+    Some(out.freeze())
+}
+
+fn fetcher(blob: &Arc<Blob>, tree: &Arc<Tree>, file: &Arc<FileData>) -> Arc<LayerFetcher> {
+    Arc::new(LayerFetcher { blob: blob.clone(), file: Some(file.clone()), tree: tree.clone(), ahead: true })
+}
+
+/// Fetches the start of the file `name` names in the layer, unless it was asked for already.
+/// Its first chunk's arrival follows it in turn, if it is an ELF file.
+fn ahead(blob: &Arc<Blob>, tree: &Arc<Tree>, cache: &TieredCache, name: &str) {
+    let Some(file) = tree.resolve(name) else { return };
+    {
+        let mut followed = blob.followed.lock().unwrap_or_else(|p| p.into_inner());
+        if followed.len() >= MAX_FOLLOWED || !followed.insert(file.path.clone()) {
+            return;
+        }
+    }
+    let keys: Vec<ChunkKey> = file
+        .chunks
+        .iter()
+        .filter(|c| c.file_offset < AHEAD_BYTES)
+        .map(|c| ChunkKey::digest(file.path.clone(), c.digest.clone()))
+        .filter(|k| cache.location(k).is_none())
+        .collect();
+    if keys.is_empty() {
+        return;
+    }
+    blob.rejects.loader_files.inc();
+    tracing::debug!(layer = %blob.digest, path = %file.path, chunks = keys.len(), "fetching ahead for a starting program's loader");
+    for key in keys {
+        let (cache, fetcher) = (cache.clone(), fetcher(blob, tree, &file));
+        let digest = blob.digest.clone();
+        tokio::spawn(async move {
+            let Ok(_slot) = AHEAD_AT_ONCE.acquire().await else { return };
+            // A failure here is the reader's to meet, when it asks for the chunk itself.
+            if let Err(e) = cache.get(&key, fetcher, GetOptions::default()).await {
+                tracing::debug!(layer = %digest, key = %key, error = %e, "a file fetched ahead for a loader was not fetched");
+            }
+        });
+    }
+}
