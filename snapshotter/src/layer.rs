@@ -60,6 +60,8 @@ pub struct Blob {
     pub cached: tokio::sync::watch::Sender<u64>,
     /// Files already fetched ahead for a starting program's loader, so each is asked once.
     pub(crate) followed: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The node's open layers, where a program's libraries are looked for past this layer.
+    pub(crate) layers: Arc<crate::loader::Layers>,
 }
 
 impl Blob {
@@ -78,12 +80,19 @@ impl Blob {
             opened: Default::default(),
             cached: tokio::sync::watch::Sender::new(0),
             followed: Default::default(),
+            layers: Default::default(),
         }
     }
 
     /// Counts rejected chunks in `metrics` (the daemon's), not in a private set.
     pub fn with_metrics(mut self, metrics: strata_tiering::metrics::Metrics) -> Blob {
         self.rejects = metrics;
+        self
+    }
+
+    /// Looks for the libraries of programs started from this layer in the node's `layers` too.
+    pub fn with_layers(mut self, layers: Arc<crate::loader::Layers>) -> Blob {
+        self.layers = layers;
         self
     }
 
@@ -292,6 +301,10 @@ impl LayerNamespace {
 
     pub fn blob(&self) -> &Arc<Blob> {
         &self.blob
+    }
+
+    pub(crate) fn parts(&self) -> (&Arc<Blob>, &Arc<Tree>) {
+        (&self.blob, &self.tree)
     }
 
     /// Every distinct chunk of the layer, with a file it belongs to, in blob order.

@@ -13,7 +13,7 @@ pub mod fill;
 pub mod filter;
 pub mod layer;
 pub mod lazy;
-mod loader;
+pub mod loader;
 pub mod model;
 pub mod overlay;
 pub mod proto;

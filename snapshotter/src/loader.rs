@@ -3,17 +3,69 @@
 //! binary, then its ELF interpreter, then `/etc/ld.so.cache`, then each library it links, one
 //! after another: a registry round trip each, on the link lazy pulls are for. The binary's
 //! headers name all of them, so they are asked for at once, side by side, and the libraries'
-//! own dependencies are followed the same way when their bytes come in. Only files of the same
-//! layer are followed, the chunks are checked against the TOC like any other, and each file is
-//! asked for once per layer.
+//! own dependencies are followed the same way when their bytes come in. A name is looked for in
+//! the program's own layer first, then in the other layers mounted for the same image (an
+//! application layer's program linking the base layer's libc). The chunks are checked against
+//! their TOC like any other, and each file is asked for once per layer.
 
 use crate::elf::{Dynamic, Headers};
 use crate::fetch::LayerFetcher;
-use crate::layer::{Blob, FileData, Tree};
+use crate::layer::{Blob, FileData, LayerNamespace, Tree};
 use bytes::Bytes;
+use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use strata_tiering::{ChunkKey, GetOptions, TieredCache};
+
+/// The lazy layers open on the node, by the image they were mounted for, so that a program in
+/// one layer has its libraries found in the others. Layers are held weakly: an unmounted one
+/// drops out.
+#[derive(Debug, Default)]
+pub struct Layers(Mutex<HashMap<String, Vec<Held>>>);
+
+/// A layer as [`Layers`] holds it.
+type Held = (Weak<Blob>, Weak<Tree>);
+
+impl Layers {
+    /// Records a layer opened for its image.
+    pub fn add(&self, ns: &LayerNamespace) {
+        let (blob, tree) = ns.parts();
+        let mut by_image = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let layers = by_image.entry(blob.image.to_string()).or_default();
+        layers.retain(|(b, _)| b.strong_count() > 0);
+        layers.push((Arc::downgrade(blob), Arc::downgrade(tree)));
+        by_image.retain(|_, layers| !layers.is_empty());
+    }
+
+    /// The other layers open for `blob`'s image.
+    fn others(&self, blob: &Arc<Blob>) -> Vec<(Arc<Blob>, Arc<Tree>)> {
+        let by_image = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(layers) = by_image.get(&blob.image.to_string()) else { return Vec::new() };
+        layers
+            .iter()
+            .filter_map(|(b, t)| Some((b.upgrade()?, t.upgrade()?)))
+            .filter(|(b, _)| !Arc::ptr_eq(b, blob))
+            .collect()
+    }
+}
+
+/// A file found for a name: its layer, and its chunks there.
+struct Found {
+    blob: Arc<Blob>,
+    tree: Arc<Tree>,
+    file: Arc<FileData>,
+}
+
+/// The file `name` names, in the layer of `blob` first, then in the other layers of its image.
+fn find(blob: &Arc<Blob>, tree: &Arc<Tree>, name: &str) -> Option<Found> {
+    if let Some(file) = tree.resolve(name) {
+        return Some(Found { blob: blob.clone(), tree: tree.clone(), file });
+    }
+    blob.layers
+        .others(blob)
+        .into_iter()
+        .find_map(|(blob, tree)| tree.resolve(name).map(|file| Found { blob, tree, file }))
+}
 
 /// Libraries followed from one file at most.
 const MAX_NEEDED: usize = 64;
@@ -79,7 +131,7 @@ async fn needed(
             if name.contains('/') {
                 return Some(name.clone());
             }
-            dirs.iter().map(|d| format!("{d}/{name}")).find(|p| tree.resolve(p).is_some())
+            dirs.iter().map(|d| format!("{d}/{name}")).find(|p| find(blob, tree, p).is_some())
         })
         .collect()
 }
@@ -119,10 +171,11 @@ fn fetcher(blob: &Arc<Blob>, tree: &Arc<Tree>, file: &Arc<FileData>) -> Arc<Laye
     Arc::new(LayerFetcher { blob: blob.clone(), file: Some(file.clone()), tree: tree.clone(), ahead: true })
 }
 
-/// Fetches the start of the file `name` names in the layer, unless it was asked for already.
-/// Its first chunk's arrival follows it in turn, if it is an ELF file.
+/// Fetches the start of the file `name` names (see [`find`]), unless it was asked for
+/// already. Its first chunk's arrival follows it in turn, if it is an ELF file.
 fn ahead(blob: &Arc<Blob>, tree: &Arc<Tree>, cache: &TieredCache, name: &str) {
-    let Some(file) = tree.resolve(name) else { return };
+    let Some(Found { blob, tree, file }) = find(blob, tree, name) else { return };
+    let (blob, tree) = (&blob, &tree);
     {
         let mut followed = blob.followed.lock().unwrap_or_else(|p| p.into_inner());
         if followed.len() >= MAX_FOLLOWED || !followed.insert(file.path.clone()) {

@@ -60,6 +60,8 @@ pub struct RemoteOptions {
     pub fetch_whole: bool,
     /// Where rejected chunks are counted.
     pub metrics: strata_tiering::metrics::Metrics,
+    /// The layers open on the node, by image: where a program's libraries are looked for.
+    pub layers: Arc<crate::loader::Layers>,
 }
 
 impl Default for RemoteOptions {
@@ -75,6 +77,7 @@ impl Default for RemoteOptions {
             activity: Default::default(),
             fetch_whole: true,
             metrics: Default::default(),
+            layers: Default::default(),
         }
     }
 }
@@ -234,7 +237,8 @@ pub async fn namespace(
     let blob = Arc::new(
         Blob::new(registry, image.clone(), digest.to_owned(), member.size)
             .with_metrics(opts.metrics.clone())
-            .with_activity(opts.activity.clone()),
+            .with_activity(opts.activity.clone())
+            .with_layers(opts.layers.clone()),
     );
     let data_end = member.footer.data_end;
     let built = tokio::task::spawn_blocking(move || {
@@ -242,7 +246,9 @@ pub async fn namespace(
     })
     .await
     .map_err(|e| fmt_err(FormatError::TocMember(e.to_string())))?;
-    Ok(built.map_err(fmt_err)??)
+    let ns = built.map_err(fmt_err)??;
+    opts.layers.add(&ns);
+    Ok(ns)
 }
 
 /// Reads and verifies the TOC of blob `digest` of `image`, and builds its namespace.

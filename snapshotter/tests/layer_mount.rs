@@ -253,3 +253,46 @@ async fn a_program_read_from_a_layer_has_its_loader_and_libraries_fetched_before
     assert_eq!(blob.fetched.load(std::sync::atomic::Ordering::Relaxed), fetched, "libc was read from the cache");
     tokio::task::spawn_blocking(move || mounted.unmount()).await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs root, /dev/fuse and the test registry: run by .ci/run"]
+async fn a_program_in_an_upper_layer_has_its_libraries_fetched_from_the_layer_under_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = cache(dir.path());
+    let reg = Arc::new(client());
+    // python:1 with /usr/local/bin/app (python3.11 by another name) in a second layer.
+    let (image, layers) = layers(&reg, "python:app-esgz").await;
+    assert_eq!(layers.len(), 2);
+    // One node: both layers opened with the same options, as the daemon opens an image's.
+    let opts = RemoteOptions::default();
+    let mut opened = Vec::new();
+    for layer in &layers {
+        let toc = &layer.annotations[TOC_DIGEST];
+        opened.push(open_layer(reg.clone(), &image, &layer.digest, toc, &opts).await.unwrap());
+    }
+    let (base, app) = (&opened[0], &opened[1]);
+    assert!(
+        app.file_chunks("usr/local/bin/app").is_some()
+            && app.file_chunks("usr/lib/x86_64-linux-gnu/libc.so.6").is_none()
+    );
+    let libc = "usr/lib/x86_64-linux-gnu/libc.so.6";
+    let key = strata_tiering::ChunkKey::digest(libc, base.file_chunks(libc).unwrap()[0].digest.clone());
+    let mnt = dir.path().join("app");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = mount_layer(app.clone(), cache.clone(), &mnt, &opts).await.unwrap();
+    let program = mnt.join("usr/local/bin/app");
+    tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let mut head = vec![0u8; 4096];
+        std::fs::File::open(program).unwrap().read_exact(&mut head).unwrap();
+    })
+    .await
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while cache.location(&key).is_none() {
+        assert!(std::time::Instant::now() < deadline, "libc was not fetched from the layer under the program");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(base.blob().fetched.load(std::sync::atomic::Ordering::Relaxed) > 0, "from the base layer's blob");
+    tokio::task::spawn_blocking(move || mounted.unmount()).await.unwrap().unwrap();
+}

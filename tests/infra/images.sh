@@ -11,7 +11,8 @@
 # strata/specials:1 (below); and strata/python:1, a Debian bookworm minbase with python3 made by
 # debootstrap from the machine's Debian mirror, with its eStargz :esgz and :esgz-opt, the latter
 # made by `ctr-remote image optimize`, which runs `python3 -c 'print(1)'` in the image and puts
-# the files it read before the .prefetch.landmark.
+# the files it read before the .prefetch.landmark; and strata/python:app-1 with its :app-esgz,
+# python:1 with a second layer holding a program linked against the first layer's libraries.
 set -euo pipefail
 
 REGISTRY=${1:?registry host:port}; WORK=${2:?work dir}
@@ -79,6 +80,17 @@ umoci gc --layout oci
 skopeo copy -q --dest-tls-verify=false oci:oci:python "docker://$REGISTRY/strata/python:1"
 echo "images: pushed $REGISTRY/strata/python:1" >&2
 
+# strata/python:app-1: python:1 and a layer over it with a program of its own,
+# /usr/local/bin/app (python3.11 under another name), whose libraries are in the layer under it.
+umoci unpack --image oci:python bundle
+mkdir -p bundle/rootfs/usr/local/bin
+cp -a bundle/rootfs/usr/bin/python3.11 bundle/rootfs/usr/local/bin/app
+umoci repack --image oci:pyapp --history.created_by "strata tests: a program over the base" bundle
+rm -rf bundle
+umoci gc --layout oci
+skopeo copy -q --dest-tls-verify=false oci:oci:pyapp "docker://$REGISTRY/strata/python:app-1"
+echo "images: pushed $REGISTRY/strata/python:app-1" >&2
+
 CTD=$WORK/containerd
 mkdir -p "$CTD"
 cat >"$CTD/config.toml" <<TOML
@@ -108,11 +120,13 @@ remote image convert --oci --estargz --estargz-record-in "$WORK/record.json" "$S
 remote image pull --plain-http "$REGISTRY/strata/specials:1" >/dev/null
 remote image pull --plain-http "$REGISTRY/strata/python:1" >/dev/null
 remote image convert --oci --estargz "$REGISTRY/strata/python:1" "$REGISTRY/strata/python:esgz" >/dev/null
+remote image pull --plain-http "$REGISTRY/strata/python:app-1" >/dev/null
+remote image convert --oci --estargz "$REGISTRY/strata/python:app-1" "$REGISTRY/strata/python:app-esgz" >/dev/null
 remote image convert --oci --estargz "$REGISTRY/strata/specials:1" "$REGISTRY/strata/specials:esgz" >/dev/null
 remote image optimize --oci --period 3 --entrypoint '["/usr/bin/python3"]' --args '["-c","print(1)"]' \
   "$REGISTRY/strata/python:1" "$REGISTRY/strata/python:esgz-opt" >"$WORK/optimize.log" 2>&1 ||
   { echo "images: ctr-remote image optimize failed; its log:" >&2; tail -20 "$WORK/optimize.log" >&2; exit 1; }
-for ref in busybox:esgz busybox:esgz-64k busybox:zstdchunked busybox:esgz-prefetch specials:esgz python:esgz python:esgz-opt; do
+for ref in busybox:esgz busybox:esgz-64k busybox:zstdchunked busybox:esgz-prefetch specials:esgz python:esgz python:esgz-opt python:app-esgz; do
   remote image push --plain-http "$REGISTRY/strata/$ref" >/dev/null
   echo "images: pushed $REGISTRY/strata/$ref (eStargz or zstd:chunked by ctr-remote)" >&2
 done
