@@ -550,6 +550,39 @@ fn the_start_up_files_are_asked_for_while_the_toc_is_still_arriving() {
     assert_eq!(out, "1\n");
 }
 
+/// `strata_snapshotter_loader_files_fetched_ahead_total`: files fetched for starting programs'
+/// loaders before they asked.
+fn loader_files_ahead(node: &Node) -> u64 {
+    let metrics = node.daemon.metrics_text();
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("strata_snapshotter_loader_files_fetched_ahead_total "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+#[ignore = "needs root, containerd, runc, ctr-remote and the test registry: run by .ci/run"]
+fn a_program_over_a_base_layer_pulled_with_another_image_has_its_libraries_fetched_from_it() {
+    // python:app-esgz is python:esgz's layer and one with /usr/local/bin/app (python3.11 by
+    // another name), whose interpreter and libraries are all in the layer under it.
+    let node = Node::start_with("background_fetch = false");
+    let (base, app) = (node.layer_digests("python:esgz"), node.layer_digests("python:app-esgz"));
+    assert_eq!(app.len(), 2);
+    assert_eq!(app[0], base[0], "the two images share their base layer");
+    // The base layer is mounted for the first image; nothing of it is read.
+    node.rpull("python:esgz");
+    let image = node.rpull("python:app-esgz");
+    assert_eq!(loader_files_ahead(&node), 0, "no program has started yet");
+    let out =
+        node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "app", "/usr/local/bin/app", "-c", "print(1)"]);
+    assert_eq!(out, "1\n");
+    // The base layer was mounted for another image, so only the snapshot chain says it is
+    // under the program's layer.
+    let ahead = loader_files_ahead(&node);
+    assert!(ahead >= 4, "the interpreter, its cache, libm and libc, from the base layer: {ahead}");
+}
+
 #[test]
 #[ignore = "needs root, containerd, runc, ctr-remote and the test registry: run by .ci/run"]
 fn python_starts_having_fetched_a_small_part_of_its_image() {
@@ -583,12 +616,7 @@ fn python_starts_having_fetched_a_small_part_of_its_image() {
         } else {
             // Without a region, python's loader and libraries were asked for once its binary's
             // headers came in, not one by one as the loader opened them.
-            let metrics = node.daemon.metrics_text();
-            let ahead = metrics
-                .lines()
-                .find_map(|l| l.strip_prefix("strata_snapshotter_loader_files_fetched_ahead_total "))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .unwrap_or(0);
+            let ahead = loader_files_ahead(&node);
             assert!(ahead >= 4, "the interpreter, its cache, libm and libc at least: {ahead}");
         }
         let (tag_repo, tag) = reference.split_once(':').unwrap();

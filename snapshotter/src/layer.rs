@@ -62,6 +62,9 @@ pub struct Blob {
     pub(crate) followed: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The node's open layers, where a program's libraries are looked for past this layer.
     pub(crate) layers: Arc<crate::loader::Layers>,
+    /// The digests of the layers under this one in its snapshot chain, nearest first, once
+    /// known.
+    pub(crate) lower: std::sync::OnceLock<Vec<String>>,
 }
 
 impl Blob {
@@ -81,6 +84,7 @@ impl Blob {
             cached: tokio::sync::watch::Sender::new(0),
             followed: Default::default(),
             layers: Default::default(),
+            lower: Default::default(),
         }
     }
 
@@ -94,6 +98,12 @@ impl Blob {
     pub fn with_layers(mut self, layers: Arc<crate::loader::Layers>) -> Blob {
         self.layers = layers;
         self
+    }
+
+    /// Says which layers are under this one (their digests, nearest first), where a program
+    /// started from it has its libraries looked for.
+    pub fn set_lower(&self, digests: Vec<String>) {
+        let _ = self.lower.set(digests);
     }
 
     /// Reports reads to the node's `activity`, not to a private clock.

@@ -181,8 +181,12 @@ impl Lazy {
                 return Ok(Prepared::Remote { target, how: "existing" });
             }
         }
+        // The layers under this one, where a program started from it has its libraries found.
+        let mut lower = Vec::new();
         if let Some(p) = parent {
             self.ensure_chain(inner, p).await?;
+            let (inner, p) = (inner.clone(), p.to_owned());
+            lower = chain_digests(&blocking(move || inner.chain(&p)).await);
         }
         let mounts = self.prepare_plain(inner, key, parent, &labels).await?;
         let src = match src {
@@ -202,6 +206,8 @@ impl Lazy {
                 self.read_ahead(&src, &labels);
                 match self.mount(id, &dir, &src, toc, &target, Fresh::Yes).await {
                     Ok(started) => {
+                        // Before containerd has the layer, so before any program runs from it.
+                        self.set_lower(id, lower).await;
                         let mut commit_labels = labels;
                         commit_labels.insert(REMOTE_LABEL.into(), REMOTE_VALUE.into());
                         let done = self.commit(inner, key, &target, commit_labels, Some(id), "lazy").await?;
@@ -314,6 +320,13 @@ impl Lazy {
 
     fn record_whole(&self, snapshot: &str, src: &LayerSource, size: u64, why: String) {
         self.keep_report(not_lazy(snapshot, &src.image.to_string(), &src.digest, "whole", why, size));
+    }
+
+    /// Says which layers are under mounted layer `id` (their digests, nearest first).
+    async fn set_lower(&self, id: u64, lower: Vec<String>) {
+        if let Some(live) = self.mounts.lock().await.get(&id) {
+            live.blob.set_lower(lower);
+        }
     }
 
     /// Mounts the layer and starts its fill. Returns its progress and prefetch size.
@@ -513,12 +526,13 @@ impl Lazy {
             blocking(move || inner.chain(&key)).await
         };
         let ids = chain.iter().map(|(_, id, _)| *id).collect();
-        for (name, id, labels) in chain {
+        for (at, (name, id, labels)) in chain.iter().enumerate() {
+            let (name, id) = (name.clone(), *id);
             if !labels.contains_key(REMOTE_LABEL) || self.alive(id).await {
                 continue;
             }
             let unavailable = |reason: String| SnapshotError::LayerUnavailable { name: name.clone(), reason };
-            let src = source(&labels).ok_or_else(|| unavailable("its labels no longer name its TOC".into()))?;
+            let src = source(labels).ok_or_else(|| unavailable("its labels no longer name its TOC".into()))?;
             let src = src.map_err(unavailable)?;
             let dir = {
                 let (inner, name) = (inner.clone(), name.clone());
@@ -526,6 +540,7 @@ impl Lazy {
             };
             let toc = src.toc_digest.clone().ok_or_else(|| unavailable("its labels no longer name its TOC".into()))?;
             self.mount(id, &dir, &src, &toc, &name, Fresh::No).await.map_err(|e| unavailable(e.to_string()))?;
+            self.set_lower(id, chain_digests(&chain[at + 1..])).await;
             tracing::info!(snapshot = %name, "remote layer mounted again");
         }
         Ok(ids)
@@ -608,6 +623,12 @@ impl Lazy {
 }
 
 /// The report of a layer that is not lazy: `how` it was served instead, and why.
+/// The digests of the lazy layers in a snapshot chain (as `Snapshotter::chain` lists it), in
+/// its order.
+fn chain_digests(chain: &[(String, u64, BTreeMap<String, String>)]) -> Vec<String> {
+    chain.iter().filter_map(|(_, _, labels)| source(labels)?.ok().map(|s| s.digest)).collect()
+}
+
 fn not_lazy(snapshot: &str, image: &str, layer: &str, how: &str, reason: String, fetched: u64) -> LayerReport {
     LayerReport {
         snapshot: snapshot.to_owned(),

@@ -4,9 +4,9 @@
 //! after another: a registry round trip each, on the link lazy pulls are for. The binary's
 //! headers name all of them, so they are asked for at once, side by side, and the libraries'
 //! own dependencies are followed the same way when their bytes come in. A name is looked for in
-//! the program's own layer first, then in the other layers mounted for the same image (an
-//! application layer's program linking the base layer's libc). The chunks are checked against
-//! their TOC like any other, and each file is asked for once per layer.
+//! the program's own layer first, then in the layers under it, nearest first (an application
+//! layer's program linking the base layer's libc). The chunks are checked against their TOC
+//! like any other, and each file is asked for once per layer.
 
 use crate::elf::{Dynamic, Headers};
 use crate::fetch::LayerFetcher;
@@ -17,35 +17,49 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex, Weak};
 use strata_tiering::{ChunkKey, GetOptions, TieredCache};
 
-/// The lazy layers open on the node, by the image they were mounted for, so that a program in
-/// one layer has its libraries found in the others. Layers are held weakly: an unmounted one
-/// drops out.
+/// The lazy layers open on the node, by digest and by the image they were mounted for, so that
+/// a program in one layer has its libraries found in the layers under it. Layers are held
+/// weakly: an unmounted one drops out.
 #[derive(Debug, Default)]
-pub struct Layers(Mutex<HashMap<String, Vec<Held>>>);
+pub struct Layers(Mutex<Open>);
 
 /// A layer as [`Layers`] holds it.
 type Held = (Weak<Blob>, Weak<Tree>);
+
+#[derive(Debug, Default)]
+struct Open {
+    by_digest: HashMap<String, Held>,
+    by_image: HashMap<String, Vec<Held>>,
+}
+
+fn live((b, t): &Held) -> Option<(Arc<Blob>, Arc<Tree>)> {
+    Some((b.upgrade()?, t.upgrade()?))
+}
 
 impl Layers {
     /// Records a layer opened for its image.
     pub fn add(&self, ns: &LayerNamespace) {
         let (blob, tree) = ns.parts();
-        let mut by_image = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let layers = by_image.entry(blob.image.to_string()).or_default();
+        let held = (Arc::downgrade(blob), Arc::downgrade(tree));
+        let mut open = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        open.by_digest.retain(|_, h| h.0.strong_count() > 0);
+        open.by_digest.insert(blob.digest.clone(), held.clone());
+        let layers = open.by_image.entry(blob.image.to_string()).or_default();
         layers.retain(|(b, _)| b.strong_count() > 0);
-        layers.push((Arc::downgrade(blob), Arc::downgrade(tree)));
-        by_image.retain(|_, layers| !layers.is_empty());
+        layers.push(held);
+        open.by_image.retain(|_, layers| !layers.is_empty());
     }
 
-    /// The other layers open for `blob`'s image.
-    fn others(&self, blob: &Arc<Blob>) -> Vec<(Arc<Blob>, Arc<Tree>)> {
-        let by_image = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(layers) = by_image.get(&blob.image.to_string()) else { return Vec::new() };
-        layers
-            .iter()
-            .filter_map(|(b, t)| Some((b.upgrade()?, t.upgrade()?)))
-            .filter(|(b, _)| !Arc::ptr_eq(b, blob))
-            .collect()
+    /// Where to look past `blob`'s own layer: the layers under it, nearest first, as its
+    /// snapshot's parents say (whatever image they were pulled for); then, for a layer whose
+    /// parents are not known, the other layers open for its image.
+    fn under(&self, blob: &Arc<Blob>) -> Vec<(Arc<Blob>, Arc<Tree>)> {
+        let open = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(lower) = blob.lower.get() {
+            return lower.iter().filter_map(|d| open.by_digest.get(d).and_then(live)).collect();
+        }
+        let Some(layers) = open.by_image.get(&blob.image.to_string()) else { return Vec::new() };
+        layers.iter().filter_map(live).filter(|(b, _)| !Arc::ptr_eq(b, blob)).collect()
     }
 }
 
@@ -56,13 +70,13 @@ struct Found {
     file: Arc<FileData>,
 }
 
-/// The file `name` names, in the layer of `blob` first, then in the other layers of its image.
+/// The file `name` names, in the layer of `blob` first, then in the layers under it.
 fn find(blob: &Arc<Blob>, tree: &Arc<Tree>, name: &str) -> Option<Found> {
     if let Some(file) = tree.resolve(name) {
         return Some(Found { blob: blob.clone(), tree: tree.clone(), file });
     }
     blob.layers
-        .others(blob)
+        .under(blob)
         .into_iter()
         .find_map(|(blob, tree)| tree.resolve(name).map(|file| Found { blob, tree, file }))
 }
