@@ -107,7 +107,7 @@ impl Fetcher for LayerFetcher {
                 }
                 waits += 1;
                 let around = if ahead {
-                    Some(alone(&blob, &mut blob.walk.lock().unwrap_or_else(|p| p.into_inner()), &chunk))
+                    just_this(&blob, &chunk, waits > 3)
                 } else {
                     read_around(&blob, &pieces, &path, &chunk, waits > 3)
                 };
@@ -210,6 +210,17 @@ fn read_around(blob: &Arc<Blob>, pieces: &Pieces, path: &str, chunk: &Chunk, any
     walk.reached(end);
     let in_flight = InFlight::begin_in(blob, &mut walk, chunk.offset..end, false);
     Some(Around { extra, window, end, in_flight })
+}
+
+/// `chunk` alone, recorded in flight; `None` if a fetch in flight covers it by now, unless
+/// `anyway`. Checked and recorded under one hold of the walk's lock, so a range read around a
+/// reader and this fetch never both take the chunk.
+fn just_this(blob: &Arc<Blob>, chunk: &Chunk, anyway: bool) -> Option<Around> {
+    let mut walk = blob.walk.lock().unwrap_or_else(|p| p.into_inner());
+    if !anyway && walk.in_flight_over(chunk.offset).is_some() {
+        return None;
+    }
+    Some(alone(blob, &mut walk, chunk))
 }
 
 /// `chunk` by itself, recorded in flight under the walk's lock.

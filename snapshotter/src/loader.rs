@@ -115,7 +115,7 @@ pub(crate) fn follow(blob: &Arc<Blob>, tree: &Arc<Tree>, path: &str, head: Bytes
     });
 }
 
-/// The paths of the libraries `file` needs, found in the layer as the loader would search.
+/// The paths of the libraries `file` needs, found as the loader would search them (see [`find`]).
 async fn needed(
     blob: &Arc<Blob>,
     tree: &Arc<Tree>,
