@@ -99,19 +99,29 @@ impl Fetcher for LayerFetcher {
             let _busy = blob.activity.read();
             // Another read may start fetching this chunk between the wait and the choice of
             // a range; the choice then says so, and this read waits for that fetch instead. A
-            // chunk that fetch cached but that cannot be read back is fetched here after all.
+            // range may also have cached it and ended since the cache missed it: the choice says
+            // that too, and it is read from the cache. A chunk that fetch cached but that cannot
+            // be read back is fetched here after all.
             let mut waits = 0;
             let Around { extra, window, end, in_flight } = loop {
                 if let Some(bytes) = from_in_flight(&blob, &pieces, &key, chunk.offset).await {
                     return Ok(bytes);
                 }
+                if waits > 0
+                    && let Some(bytes) = local(&blob, &key).await
+                {
+                    return Ok(bytes);
+                }
                 waits += 1;
                 let around = if ahead {
-                    just_this(&blob, &chunk, waits > 3)
+                    just_this(&blob, &path, &chunk, waits > 3)
                 } else {
                     read_around(&blob, &pieces, &path, &chunk, waits > 3)
                 };
                 if let Some(around) = around {
+                    if waits > 3 {
+                        tracing::debug!(layer = %blob.digest, chunk = %key, "fetching a chunk again: the fetch it waited on did not leave it cached");
+                    }
                     break around;
                 }
             };
@@ -183,12 +193,12 @@ struct Around {
 /// The chunks to fetch along with `chunk` of `path` if demand reads are walking the blob, and
 /// the walk's window, recorded in flight before the walk's lock is let go. Only other files'
 /// chunks: cachefs reads ahead within a file itself, and its reads of the file's next chunks
-/// may be on their way already. `None` if a fetch in flight covers `chunk` by now, unless
-/// `anyway`.
+/// may be on their way already. `None` if a fetch in flight covers `chunk` or it is cached by
+/// now, unless `anyway`.
 fn read_around(blob: &Arc<Blob>, pieces: &Pieces, path: &str, chunk: &Chunk, anyway: bool) -> Option<Around> {
     let mut walk = blob.walk.lock().unwrap_or_else(|p| p.into_inner());
     let Some(cache) = blob.cache.get() else { return Some(alone(blob, &mut walk, chunk)) };
-    if !anyway && walk.in_flight_over(chunk.offset).is_some() {
+    if !anyway && (walk.in_flight_over(chunk.offset).is_some() || is_cached(cache, path, chunk)) {
         return None;
     }
     let from = walk.frontier();
@@ -212,12 +222,13 @@ fn read_around(blob: &Arc<Blob>, pieces: &Pieces, path: &str, chunk: &Chunk, any
     Some(Around { extra, window, end, in_flight })
 }
 
-/// `chunk` alone, recorded in flight; `None` if a fetch in flight covers it by now, unless
-/// `anyway`. Checked and recorded under one hold of the walk's lock, so a range read around a
+/// `chunk` alone, recorded in flight; `None` if a fetch in flight covers it or it is cached by
+/// now, unless `anyway`. Checked and recorded under one hold of the walk's lock, so a range read around a
 /// reader and this fetch never both take the chunk.
-fn just_this(blob: &Arc<Blob>, chunk: &Chunk, anyway: bool) -> Option<Around> {
+fn just_this(blob: &Arc<Blob>, path: &str, chunk: &Chunk, anyway: bool) -> Option<Around> {
     let mut walk = blob.walk.lock().unwrap_or_else(|p| p.into_inner());
-    if !anyway && walk.in_flight_over(chunk.offset).is_some() {
+    let cached = blob.cache.get().is_some_and(|cache| is_cached(cache, path, chunk));
+    if !anyway && (walk.in_flight_over(chunk.offset).is_some() || cached) {
         return None;
     }
     Some(alone(blob, &mut walk, chunk))
@@ -227,6 +238,20 @@ fn just_this(blob: &Arc<Blob>, chunk: &Chunk, anyway: bool) -> Option<Around> {
 fn alone(blob: &Arc<Blob>, walk: &mut readaround::Walk, chunk: &Chunk) -> Around {
     let in_flight = InFlight::begin_in(blob, walk, chunk.offset..chunk.compressed_end, false);
     Around { extra: Vec::new(), window: 0, end: chunk.compressed_end, in_flight }
+}
+
+/// Whether chunk `c` of `path` is in a local tier. Under the walk's lock this is final for a
+/// chunk no fetch in flight covers: a range caches its chunks before it is let go.
+fn is_cached(cache: &strata_tiering::TieredCache, path: &str, c: &Chunk) -> bool {
+    cache.location(&ChunkKey::digest(path, c.digest.clone())).is_some()
+}
+
+/// The chunk `key` from a local tier, if it is there.
+async fn local(blob: &Arc<Blob>, key: &ChunkKey) -> Option<Bytes> {
+    let cache = blob.cache.get()?.clone();
+    cache.location(key)?;
+    let key = key.clone();
+    tokio::task::spawn_blocking(move || cache.get_local_blocking(&key)).await.ok().flatten()
 }
 
 fn cached(cache: &strata_tiering::TieredCache, (path, c): &(String, Chunk)) -> bool {

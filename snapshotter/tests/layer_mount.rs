@@ -116,6 +116,8 @@ async fn layers(reg: &Registry, reference: &str) -> (ImageRef, Vec<ManifestLayer
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs root, /dev/fuse and the test registry: run by .ci/run"]
 async fn mounted_layers_show_what_their_tar_holds() {
+    // What the fetches did is shown if the test fails: a fetch past the blob's size says which.
+    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("strata_snapshotter=debug").try_init();
     let dir = tempfile::tempdir().unwrap();
     let cache = cache(dir.path());
     let reg = Arc::new(client());
