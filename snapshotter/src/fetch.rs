@@ -223,8 +223,8 @@ fn read_around(blob: &Arc<Blob>, pieces: &Pieces, path: &str, chunk: &Chunk, any
 }
 
 /// `chunk` alone, recorded in flight; `None` if a fetch in flight covers it or it is cached by
-/// now, unless `anyway`. Checked and recorded under one hold of the walk's lock, so a range read around a
-/// reader and this fetch never both take the chunk.
+/// now, unless `anyway`. Checked and recorded under one hold of the walk's lock, so a range read
+/// around a reader and this fetch never both take the chunk.
 fn just_this(blob: &Arc<Blob>, path: &str, chunk: &Chunk, anyway: bool) -> Option<Around> {
     let mut walk = blob.walk.lock().unwrap_or_else(|p| p.into_inner());
     let cached = blob.cache.get().is_some_and(|cache| is_cached(cache, path, chunk));
@@ -255,7 +255,7 @@ async fn local(blob: &Arc<Blob>, key: &ChunkKey) -> Option<Bytes> {
 }
 
 fn cached(cache: &strata_tiering::TieredCache, (path, c): &(String, Chunk)) -> bool {
-    cache.location(&ChunkKey::digest(path.clone(), c.digest.clone())).is_some()
+    is_cached(cache, path, c)
 }
 
 /// Reads the next window after `from` in the background, unless enough are in flight. Each
