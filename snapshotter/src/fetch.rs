@@ -198,7 +198,7 @@ struct Around {
 fn read_around(blob: &Arc<Blob>, pieces: &Pieces, path: &str, chunk: &Chunk, anyway: bool) -> Option<Around> {
     let mut walk = blob.walk.lock().unwrap_or_else(|p| p.into_inner());
     let Some(cache) = blob.cache.get() else { return Some(alone(blob, &mut walk, chunk)) };
-    if !anyway && (walk.in_flight_over(chunk.offset).is_some() || is_cached(cache, path, chunk)) {
+    if !anyway && taken(&walk, blob, path, chunk) {
         return None;
     }
     let from = walk.frontier();
@@ -227,11 +227,17 @@ fn read_around(blob: &Arc<Blob>, pieces: &Pieces, path: &str, chunk: &Chunk, any
 /// around a reader and this fetch never both take the chunk.
 fn just_this(blob: &Arc<Blob>, path: &str, chunk: &Chunk, anyway: bool) -> Option<Around> {
     let mut walk = blob.walk.lock().unwrap_or_else(|p| p.into_inner());
-    let cached = blob.cache.get().is_some_and(|cache| is_cached(cache, path, chunk));
-    if !anyway && (walk.in_flight_over(chunk.offset).is_some() || cached) {
+    if !anyway && taken(&walk, blob, path, chunk) {
         return None;
     }
     Some(alone(blob, &mut walk, chunk))
+}
+
+/// Whether a fetch in flight covers `chunk` of `path`, or it is cached. Asked under the walk's
+/// lock, the second is final for a chunk no fetch covers: a range caches its chunks before it
+/// is let go.
+fn taken(walk: &readaround::Walk, blob: &Blob, path: &str, chunk: &Chunk) -> bool {
+    walk.in_flight_over(chunk.offset).is_some() || blob.cache.get().is_some_and(|cache| is_cached(cache, path, chunk))
 }
 
 /// `chunk` by itself, recorded in flight under the walk's lock.
@@ -240,8 +246,7 @@ fn alone(blob: &Arc<Blob>, walk: &mut readaround::Walk, chunk: &Chunk) -> Around
     Around { extra: Vec::new(), window: 0, end: chunk.compressed_end, in_flight }
 }
 
-/// Whether chunk `c` of `path` is in a local tier. Under the walk's lock this is final for a
-/// chunk no fetch in flight covers: a range caches its chunks before it is let go.
+/// Whether chunk `c` of `path` is in a local tier.
 fn is_cached(cache: &strata_tiering::TieredCache, path: &str, c: &Chunk) -> bool {
     cache.location(&ChunkKey::digest(path, c.digest.clone())).is_some()
 }
@@ -250,6 +255,11 @@ fn is_cached(cache: &strata_tiering::TieredCache, path: &str, c: &Chunk) -> bool
 async fn local(blob: &Arc<Blob>, key: &ChunkKey) -> Option<Bytes> {
     let cache = blob.cache.get()?.clone();
     cache.location(key)?;
+    read_local(cache, key).await
+}
+
+/// Reads the chunk `key` from a local tier, off the runtime's threads.
+async fn read_local(cache: strata_tiering::TieredCache, key: &ChunkKey) -> Option<Bytes> {
     let key = key.clone();
     tokio::task::spawn_blocking(move || cache.get_local_blocking(&key)).await.ok().flatten()
 }
@@ -315,8 +325,7 @@ async fn from_in_flight(blob: &Arc<Blob>, pieces: &Pieces, key: &ChunkKey, offse
     if ahead {
         read_ahead(blob, pieces, range.end);
     }
-    let key = key.clone();
-    tokio::task::spawn_blocking(move || cache.get_local_blocking(&key)).await.ok().flatten()
+    read_local(cache, key).await
 }
 
 /// Why a range's chunks were not all cached.

@@ -184,9 +184,7 @@ impl Lazy {
         // The layers under this one, where a program started from it has its libraries found.
         let mut lower = Vec::new();
         if let Some(p) = parent {
-            self.ensure_chain(inner, p).await?;
-            let (inner, p) = (inner.clone(), p.to_owned());
-            lower = chain_digests(&blocking(move || inner.chain(&p)).await);
+            lower = chain_digests(&self.mount_chain(inner, p).await?);
         }
         let mounts = self.prepare_plain(inner, key, parent, &labels).await?;
         let src = match src {
@@ -520,12 +518,16 @@ impl Lazy {
     /// (after a restart, or a mount that died), before containerd mounts an overlay over them.
     /// Returns the ids of the chain's snapshots, `key`'s first.
     pub async fn ensure_chain(&self, inner: &Arc<Snapshotter>, key: &str) -> Result<Vec<u64>, SnapshotError> {
+        Ok(self.mount_chain(inner, key).await?.iter().map(|(_, id, _)| *id).collect())
+    }
+
+    /// As [`Lazy::ensure_chain`], returning the chain itself as `Snapshotter::chain` lists it.
+    async fn mount_chain(&self, inner: &Arc<Snapshotter>, key: &str) -> Result<Chain, SnapshotError> {
         self.opts.activity.touch();
         let chain = {
             let (inner, key) = (inner.clone(), key.to_owned());
             blocking(move || inner.chain(&key)).await
         };
-        let ids = chain.iter().map(|(_, id, _)| *id).collect();
         for (at, (name, id, labels)) in chain.iter().enumerate() {
             let (name, id) = (name.clone(), *id);
             if !labels.contains_key(REMOTE_LABEL) || self.alive(id).await {
@@ -543,7 +545,7 @@ impl Lazy {
             self.set_lower(id, chain_digests(&chain[at + 1..])).await;
             tracing::info!(snapshot = %name, "remote layer mounted again");
         }
-        Ok(ids)
+        Ok(chain)
     }
 
     /// Before a container starts on the snapshots `chain` (from `ensure_chain`), waits until
@@ -623,6 +625,9 @@ impl Lazy {
 }
 
 /// The report of a layer that is not lazy: `how` it was served instead, and why.
+/// A snapshot chain as `Snapshotter::chain` lists it: name, id and labels, the top first.
+type Chain = Vec<(String, u64, BTreeMap<String, String>)>;
+
 /// The digests of the lazy layers in a snapshot chain (as `Snapshotter::chain` lists it), in
 /// its order.
 fn chain_digests(chain: &[(String, u64, BTreeMap<String, String>)]) -> Vec<String> {

@@ -4,8 +4,8 @@
 //! after another: a registry round trip each, on the link lazy pulls are for. The binary's
 //! headers name all of them, so they are asked for at once, side by side, and the libraries'
 //! own dependencies are followed the same way when their bytes come in. A name is looked for in
-//! the program's own layer first, then in the layers under it, nearest first (an application
-//! layer's program linking the base layer's libc). The chunks are checked against their TOC
+//! the program's own layer first, then in the layers under it in its snapshot chain, nearest
+//! first (an application layer's program linking the base layer's libc). The chunks are checked against their TOC
 //! like any other, and each file is asked for once per layer.
 
 use crate::elf::{Dynamic, Headers};
@@ -17,49 +17,29 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex, Weak};
 use strata_tiering::{ChunkKey, GetOptions, TieredCache};
 
-/// The lazy layers open on the node, by digest and by the image they were mounted for, so that
-/// a program in one layer has its libraries found in the layers under it. Layers are held
-/// weakly: an unmounted one drops out.
+/// The lazy layers open on the node, by digest, so that a program in one layer has its
+/// libraries found in the layers under it. Layers are held weakly: an unmounted one drops out.
 #[derive(Debug, Default)]
-pub struct Layers(Mutex<Open>);
+pub struct Layers(Mutex<HashMap<String, Held>>);
 
 /// A layer as [`Layers`] holds it.
 type Held = (Weak<Blob>, Weak<Tree>);
 
-#[derive(Debug, Default)]
-struct Open {
-    by_digest: HashMap<String, Held>,
-    by_image: HashMap<String, Vec<Held>>,
-}
-
-fn live((b, t): &Held) -> Option<(Arc<Blob>, Arc<Tree>)> {
-    Some((b.upgrade()?, t.upgrade()?))
-}
-
 impl Layers {
-    /// Records a layer opened for its image.
+    /// Records an open layer.
     pub fn add(&self, ns: &LayerNamespace) {
         let (blob, tree) = ns.parts();
-        let held = (Arc::downgrade(blob), Arc::downgrade(tree));
         let mut open = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        open.by_digest.retain(|_, h| h.0.strong_count() > 0);
-        open.by_digest.insert(blob.digest.clone(), held.clone());
-        let layers = open.by_image.entry(blob.image.to_string()).or_default();
-        layers.retain(|(b, _)| b.strong_count() > 0);
-        layers.push(held);
-        open.by_image.retain(|_, layers| !layers.is_empty());
+        open.retain(|_, (b, _)| b.strong_count() > 0);
+        open.insert(blob.digest.clone(), (Arc::downgrade(blob), Arc::downgrade(tree)));
     }
 
-    /// Where to look past `blob`'s own layer: the layers under it, nearest first, as its
-    /// snapshot's parents say (whatever image they were pulled for); then, for a layer whose
-    /// parents are not known, the other layers open for its image.
-    fn under(&self, blob: &Arc<Blob>) -> Vec<(Arc<Blob>, Arc<Tree>)> {
+    /// Where to look past `blob`'s own layer: the open layers under it, nearest first, as its
+    /// snapshot chain says (whatever image they were pulled for).
+    fn under(&self, blob: &Blob) -> Vec<(Arc<Blob>, Arc<Tree>)> {
+        let Some(lower) = blob.lower.get() else { return Vec::new() };
         let open = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(lower) = blob.lower.get() {
-            return lower.iter().filter_map(|d| open.by_digest.get(d).and_then(live)).collect();
-        }
-        let Some(layers) = open.by_image.get(&blob.image.to_string()) else { return Vec::new() };
-        layers.iter().filter_map(live).filter(|(b, _)| !Arc::ptr_eq(b, blob)).collect()
+        lower.iter().filter_map(|d| open.get(d)).filter_map(|(b, t)| Some((b.upgrade()?, t.upgrade()?))).collect()
     }
 }
 

@@ -194,6 +194,27 @@ async fn a_chunk_that_does_not_match_its_digest_is_an_io_error_not_wrong_bytes()
     tokio::task::spawn_blocking(move || mounted.unmount()).await.unwrap().unwrap();
 }
 
+/// The kernel's first read of a program it starts: its ELF header, 4 KiB.
+async fn start_reading(program: std::path::PathBuf) -> Vec<u8> {
+    tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let mut head = vec![0u8; 4096];
+        std::fs::File::open(program).unwrap().read_exact(&mut head).unwrap();
+        head
+    })
+    .await
+    .unwrap()
+}
+
+/// Waits (at most 20 s) until every chunk of `keys` is cached; `what` names them if not.
+async fn wait_cached(cache: &TieredCache, keys: &[strata_tiering::ChunkKey], what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while keys.iter().any(|k| cache.location(k).is_none()) {
+        assert!(std::time::Instant::now() < deadline, "{what} were not fetched ahead");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs root, /dev/fuse and the test registry: run by .ci/run"]
 async fn a_program_read_from_a_layer_has_its_loader_and_libraries_fetched_before_they_are_read() {
@@ -226,22 +247,9 @@ async fn a_program_read_from_a_layer_has_its_loader_and_libraries_fetched_before
     let mounted = mount_layer(ns.clone(), cache.clone(), &mnt, &opts).await.unwrap();
     assert!(keys.iter().all(|k| cache.location(k).is_none()), "nothing is fetched before a read");
 
-    // The kernel's first read of a program it starts: its ELF header.
-    let program = mnt.join("usr/bin/python3.11");
-    let head = tokio::task::spawn_blocking(move || {
-        use std::io::Read;
-        let mut head = vec![0u8; 4096];
-        std::fs::File::open(program).unwrap().read_exact(&mut head).unwrap();
-        head
-    })
-    .await
-    .unwrap();
+    let head = start_reading(mnt.join("usr/bin/python3.11")).await;
     assert_eq!(&head[..4], b"\x7fELF");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while keys.iter().any(|k| cache.location(k).is_none()) {
-        assert!(std::time::Instant::now() < deadline, "not all of {linked:?} were fetched ahead");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    wait_cached(&cache, &keys, &format!("all of {linked:?}")).await;
     assert!(blob.rejects.loader_files.get() >= linked.len() as u64, "each is counted");
     assert!(cache.location(&unrelated).is_none(), "a library the program does not link is left alone");
 
@@ -273,6 +281,8 @@ async fn a_program_in_an_upper_layer_has_its_libraries_fetched_from_the_layer_un
         opened.push(open_layer(reg.clone(), &image, &layer.digest, toc, &opts).await.unwrap());
     }
     let (base, app) = (&opened[0], &opened[1]);
+    // What the daemon says of a layer it mounts: the layers under it in its snapshot chain.
+    app.blob().set_lower(vec![layers[0].digest.clone()]);
     assert!(
         app.file_chunks("usr/local/bin/app").is_some()
             && app.file_chunks("usr/lib/x86_64-linux-gnu/libc.so.6").is_none()
@@ -282,19 +292,8 @@ async fn a_program_in_an_upper_layer_has_its_libraries_fetched_from_the_layer_un
     let mnt = dir.path().join("app");
     std::fs::create_dir(&mnt).unwrap();
     let mounted = mount_layer(app.clone(), cache.clone(), &mnt, &opts).await.unwrap();
-    let program = mnt.join("usr/local/bin/app");
-    tokio::task::spawn_blocking(move || {
-        use std::io::Read;
-        let mut head = vec![0u8; 4096];
-        std::fs::File::open(program).unwrap().read_exact(&mut head).unwrap();
-    })
-    .await
-    .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while cache.location(&key).is_none() {
-        assert!(std::time::Instant::now() < deadline, "libc was not fetched from the layer under the program");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    start_reading(mnt.join("usr/local/bin/app")).await;
+    wait_cached(&cache, &[key], "libc, from the layer under the program,").await;
     assert!(base.blob().fetched.load(std::sync::atomic::Ordering::Relaxed) > 0, "from the base layer's blob");
     tokio::task::spawn_blocking(move || mounted.unmount()).await.unwrap().unwrap();
 }
