@@ -48,6 +48,7 @@ pub async fn start(
             background_fetch: cfg.background_fetch,
             background_quiet: cfg.background_quiet.0,
             fetch_whole: cfg.fetch_whole,
+            fetch_program: cfg.fetch_image_program,
             metrics: agent.cache.metrics().clone(),
             ..RemoteOptions::default()
         };

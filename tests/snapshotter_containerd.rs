@@ -565,8 +565,9 @@ fn loader_files_ahead(node: &Node) -> u64 {
 #[ignore = "needs root, containerd, runc, ctr-remote and the test registry: run by .ci/run"]
 fn a_program_over_a_base_layer_pulled_with_another_image_has_its_libraries_fetched_from_it() {
     // python:app-esgz is python:esgz's layer and one with /usr/local/bin/app (python3.11 by
-    // another name), whose interpreter and libraries are all in the layer under it.
-    let node = Node::start_with("background_fetch = false");
+    // another name), whose interpreter and libraries are all in the layer under it. The image's
+    // own program (python3) is not fetched ahead here, so that only the started one counts.
+    let node = Node::start_with("background_fetch = false\nfetch_image_program = false");
     let (base, app) = (node.layer_digests("python:esgz"), node.layer_digests("python:app-esgz"));
     assert_eq!(app.len(), 2);
     assert_eq!(app[0], base[0], "the two images share their base layer");
@@ -581,6 +582,31 @@ fn a_program_over_a_base_layer_pulled_with_another_image_has_its_libraries_fetch
     // under the program's layer.
     let ahead = loader_files_ahead(&node);
     assert!(ahead >= 4, "the interpreter, its cache, libm and libc, from the base layer: {ahead}");
+}
+
+#[test]
+#[ignore = "needs root, containerd, runc, ctr-remote and the test registry: run by .ci/run"]
+fn an_images_own_program_and_its_libraries_are_fetched_as_its_layer_is_mounted() {
+    // python:esgz has no prefetch region, and its config runs /usr/bin/python3.
+    for fetch_program in [true, false] {
+        let node = Node::start_with(&format!("background_fetch = false\nfetch_image_program = {fetch_program}"));
+        let layer = node.layer_digests("python:esgz")[0].clone();
+        let image = node.rpull("python:esgz");
+        // No container has run: what is fetched, the image's program brought.
+        let fetched = |l: &serde_json::Value| l["fetched_bytes"].as_u64().unwrap_or(0);
+        if fetch_program {
+            let l = node.layer_when(&layer, |l| fetched(l) > 2 << 20 && loader_files_ahead(&node) >= 5);
+            eprintln!("before any container: {} bytes fetched, {} files", fetched(&l), loader_files_ahead(&node));
+        } else {
+            std::thread::sleep(std::time::Duration::from_secs(3));
+            let l = node.layer_when(&layer, |_| true);
+            // Only /etc/passwd and /etc/group, which every layer without a region has fetched.
+            assert!(fetched(&l) < 64 << 10, "nothing else is fetched when it is turned off: {l:#}");
+            assert_eq!(loader_files_ahead(&node), 0);
+        }
+        let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "python", "python3", "-c", "print(1)"]);
+        assert_eq!(out, "1\n");
+    }
 }
 
 #[test]

@@ -45,6 +45,10 @@ const STARGZ_LAYERS: &str = "containerd.io/snapshot/remote/stargz.layers";
 const TOCS_AHEAD: usize = 64;
 
 type TocRead = Shared<BoxFuture<'static, Result<Arc<TocMember>, Arc<RemoteError>>>>;
+/// Where an image's program may be (`crate::command`), read from its config.
+type ProgramRead = Shared<BoxFuture<'static, Arc<Vec<String>>>>;
+/// Images whose programs are kept; past this many, the oldest reads are forgotten.
+const PROGRAMS_KEPT: usize = 64;
 
 /// Where a layer containerd is unpacking comes from, from its snapshot labels.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,6 +139,8 @@ pub struct Lazy {
     /// TOC reads of the layers containerd will ask for next, started while it asks for this
     /// one, by layer digest (in start order, for trimming).
     ahead: std::sync::Mutex<VecDeque<(String, TocRead)>>,
+    /// The programs of the images being pulled, by reference: read once for all their layers.
+    programs: std::sync::Mutex<VecDeque<(String, ProgramRead)>>,
 }
 
 /// Whether a layer is being mounted for the first time (by a pull), or again.
@@ -157,6 +163,7 @@ impl Lazy {
             mounts: Mutex::new(HashMap::new()),
             refused: Default::default(),
             ahead: Default::default(),
+            programs: Default::default(),
         }
     }
 
@@ -346,6 +353,10 @@ impl Lazy {
             (Fresh::Yes, Some(end)) => Some(ask(end)),
             _ => None,
         };
+        // Without a region, the image's program is fetched once the layer is mounted: its
+        // config is read now, beside the TOC.
+        let programs = (fresh == Fresh::Yes && src.prefetch_end.is_none() && self.opts.fetch_program)
+            .then(|| self.programs(&src.image));
         // A TOC read ahead that failed is read once more now, as if it had not been.
         let read_ahead = match self.take_ahead(&src.digest) {
             Some(read) => read.await.ok(),
@@ -393,6 +404,16 @@ impl Lazy {
         let _ = blob.cache.set(self.cache.clone());
         let background = self.opts.background_fetch.then_some(self.opts.background_quiet);
         let filling = tokio::spawn(fill::fill(ns.clone(), self.cache.clone(), progress.clone(), background, early));
+        if let Some(programs) = programs.filter(|_| prefetch_bytes.is_none_or(|n| n == 0)) {
+            let ns = ns.clone();
+            tokio::spawn(async move {
+                for path in programs.await.iter() {
+                    if crate::loader::start_program(&ns, path) {
+                        break;
+                    }
+                }
+            });
+        }
         let mounted = match mount_layer(ns, self.cache.clone(), dir, &self.opts).await {
             Ok(m) => m,
             Err(e) => {
@@ -407,6 +428,35 @@ impl Lazy {
             let _ = blocking(move || old.mount.unmount()).await;
         }
         Ok(Started { prefetch_bytes, toc_read_ahead })
+    }
+
+    /// Where the program `image`'s config runs may be (see [`crate::command`]): its config is
+    /// read once, starting now, however many of its layers ask.
+    fn programs(&self, image: &ImageRef) -> ProgramRead {
+        let name = image.to_string();
+        let mut kept = self.programs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, read)) = kept.iter().find(|(n, _)| *n == name) {
+            return read.clone();
+        }
+        let (registry, image) = (self.registry.clone(), image.clone());
+        let read = async move {
+            match registry.config(&image).await {
+                Ok(config) => Arc::new(crate::command::program_paths(&config)),
+                Err(e) => {
+                    tracing::debug!(%image, error = %e, "the image's config was not read: its program is not fetched ahead");
+                    Arc::new(Vec::new())
+                }
+            }
+        }
+        .boxed()
+        .shared();
+        // A shared future runs only when polled: this starts it.
+        tokio::spawn(read.clone());
+        if kept.len() >= PROGRAMS_KEPT {
+            kept.pop_front();
+        }
+        kept.push_back((name, read.clone()));
+        read
     }
 
     /// Starts reading the TOCs of the layers after this one (from `cri.image-layers`, else

@@ -165,6 +165,20 @@ fn fetcher(blob: &Arc<Blob>, tree: &Arc<Tree>, file: &Arc<FileData>) -> Arc<Laye
     Arc::new(LayerFetcher { blob: blob.clone(), file: Some(file.clone()), tree: tree.clone(), ahead: true })
 }
 
+/// Fetches the start of the program at `path` in the layer of `ns` (not the layers under it:
+/// theirs have their own mounts), and so, once its first chunk is in, what its loader will
+/// read. `false` if the layer holds no such file.
+pub(crate) fn start_program(ns: &LayerNamespace, path: &str) -> bool {
+    let (blob, tree) = ns.parts();
+    let Some(cache) = blob.cache.get() else { return false };
+    if tree.resolve(path).is_none() {
+        return false;
+    }
+    tracing::debug!(layer = %blob.digest, path, "fetching the image's program ahead");
+    ahead(blob, tree, cache, path);
+    true
+}
+
 /// Fetches the start of the file `name` names (see [`find`]), unless it was asked for
 /// already. Its first chunk's arrival follows it in turn, if it is an ELF file.
 fn ahead(blob: &Arc<Blob>, tree: &Arc<Tree>, cache: &TieredCache, name: &str) {

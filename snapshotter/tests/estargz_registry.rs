@@ -125,3 +125,48 @@ async fn registry_errors_name_what_failed() {
     let e = reg.manifest(&gone).await.unwrap_err();
     assert!(e.to_string().contains("127.0.0.1:9"), "{e}");
 }
+
+/// Requests for blob `digest` in the test registry's access log.
+fn blob_gets(digest: &str) -> usize {
+    let path = std::env::var("STRATA_TEST_REGISTRY_LOG").expect("STRATA_TEST_REGISTRY_LOG: the test registry's log");
+    let log = std::fs::read_to_string(path).unwrap();
+    log.lines().filter(|l| l.contains(&format!("GET /v2/strata/python/blobs/{digest}"))).count()
+}
+
+#[tokio::test]
+#[ignore = "needs the test registry with ctr-remote's eStargz images: run by .ci/run"]
+async fn where_the_start_up_files_end_is_heard_from_the_first_read_of_a_layers_end() {
+    use strata_snapshotter::remote::{RemoteOptions, check_toc, fetch_toc};
+    let reg = client();
+    for (tag, expect_told) in [("python:esgz-opt", true), ("python:esgz", false)] {
+        let image = ImageRef::parse(&format!("{}/strata/{tag}", registry_host())).unwrap();
+        let layer = reg.manifest(&image).await.unwrap().layers[0].clone();
+        let before = blob_gets(&layer.digest);
+        let mut heard = Vec::new();
+        let mut tell = |at| heard.push(at);
+        let member = fetch_toc(&reg, &image, &layer.digest, 64 << 20, None, Some(&mut tell)).await.unwrap();
+        // The access log is written as each answer ends.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert_eq!(blob_gets(&layer.digest) - before, 1, "{tag}: the footer and the TOC came in one read");
+        let checked =
+            check_toc(&image, &layer.digest, &member, &layer.annotations[TOC_DIGEST], &RemoteOptions::default())
+                .await
+                .unwrap();
+        let toc = estargz::decode_toc(
+            &member.bytes,
+            member.footer.compression,
+            member.footer.data_end,
+            &layer.annotations[TOC_DIGEST],
+            64 << 20,
+        )
+        .unwrap();
+        match (expect_told, toc.landmark) {
+            (true, estargz::Landmark::Prefetch { offset }) => {
+                assert_eq!(heard, vec![offset], "{tag}: heard once, as the verified TOC says");
+                assert_eq!(checked.landmark_hint, Some(offset));
+            }
+            (false, estargz::Landmark::NoPrefetch) => assert_eq!(heard, Vec::<u64>::new(), "{tag}"),
+            (_, other) => panic!("{tag}: the test image's landmark is {other:?}"),
+        }
+    }
+}

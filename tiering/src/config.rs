@@ -84,6 +84,10 @@ pub struct SnapshotterConfig {
     /// which would then fetch every following layer too.
     #[serde(default = "yes")]
     pub fetch_whole: bool,
+    /// For a layer without a prefetch region, fetch the program the image's config runs, with
+    /// its loader's files, as soon as the layer is mounted.
+    #[serde(default = "yes")]
+    pub fetch_image_program: bool,
 }
 
 impl Default for SnapshotterConfig {
@@ -102,6 +106,7 @@ impl Default for SnapshotterConfig {
             background_fetch: true,
             background_quiet: default_background_quiet(),
             fetch_whole: true,
+            fetch_image_program: true,
         }
     }
 }

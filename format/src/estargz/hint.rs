@@ -94,22 +94,20 @@ impl LandmarkScan {
     /// after bytes that do not decompress or past [`SCAN_LIMIT`], it only ever answers `None`.
     pub fn feed(&mut self, bytes: &[u8]) -> Option<u64> {
         let dec = self.out.as_mut()?;
+        // What came out before a write failed is searched too: a member followed by other bytes
+        // (the footer, in a blob's tail) fails on them after its JSON is out.
+        let wrote = match dec {
+            Decoder::Gzip(d) => d.write_all(bytes).and_then(|_| d.flush()).is_ok(),
+            Decoder::Zstd(d) => d.write_all(bytes).and_then(|_| d.flush()).is_ok(),
+        };
         let json = match dec {
-            Decoder::Gzip(d) => d.write_all(bytes).and_then(|_| d.flush()).map(|_| &d.get_ref().0),
-            Decoder::Zstd(d) => d.write_all(bytes).and_then(|_| d.flush()).map(|_| &d.get_ref().0),
+            Decoder::Gzip(d) => &d.get_ref().0,
+            Decoder::Zstd(d) => &d.get_ref().0,
         };
-        let found = match json {
-            Ok(json) => {
-                let from = self.searched.saturating_sub(RESEARCH);
-                self.searched = json.len();
-                prefetch_landmark(&json[from..])
-            }
-            _ => {
-                self.out = None;
-                return None;
-            }
-        };
-        if found.is_some() {
+        let from = self.searched.saturating_sub(RESEARCH);
+        self.searched = json.len();
+        let found = prefetch_landmark(&json[from..]);
+        if found.is_some() || !wrote {
             self.out = None;
         }
         found

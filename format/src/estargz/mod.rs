@@ -5,6 +5,7 @@
 pub mod chunk;
 pub mod footer;
 pub mod hint;
+pub mod tail_scan;
 #[cfg(test)]
 mod testblob;
 pub mod time;

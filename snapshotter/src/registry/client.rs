@@ -5,7 +5,7 @@
 use super::RegistryError;
 use super::auth::{Challenge, Credentials, fetch_token, parse_challenge};
 use super::hosts::{Endpoint, Hosts};
-use super::range_stream::{RangeStream, collect, ended_early};
+use super::range_stream::{RangeStream, collect, collect_seen, ended_early};
 use super::reference::ImageRef;
 use bytes::Bytes;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_LENGTH, CONTENT_RANGE, RANGE, WWW_AUTHENTICATE};
@@ -24,6 +24,8 @@ const MANIFEST_TYPES: &str = "application/vnd.oci.image.index.v1+json, \
 
 /// The most bytes of a manifest Strata reads: real ones are a few KiB.
 const MANIFEST_LIMIT: usize = 4 << 20;
+/// An image config is read whole into memory; real ones are a few KiB.
+const CONFIG_LIMIT: u64 = 1 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -41,6 +43,7 @@ pub struct ManifestLayer {
 pub struct Manifest {
     pub digest: String,
     pub config_digest: String,
+    pub config_size: u64,
     pub layers: Vec<ManifestLayer>,
 }
 
@@ -59,6 +62,8 @@ struct RawManifest {
 #[derive(Deserialize)]
 struct RawDescriptor {
     digest: String,
+    #[serde(default)]
+    size: u64,
 }
 
 #[derive(Deserialize)]
@@ -158,6 +163,29 @@ impl Registry {
         to_manifest(image, parse_manifest(image, &body)?, digest)
     }
 
+    /// The image's config (for this platform), checked against its digest.
+    pub async fn config(&self, image: &ImageRef) -> Result<Bytes, RegistryError> {
+        let m = self.manifest(image).await?;
+        if m.config_size > CONFIG_LIMIT || !crate::estargz::is_sha256_digest(&m.config_digest) {
+            return Err(RegistryError::Manifest {
+                reference: image.to_string(),
+                reason: format!(
+                    "config {} of {} bytes: not a sha256 digest, or over 1 MiB",
+                    m.config_digest, m.config_size
+                ),
+            });
+        }
+        let body = self.blob_range(image, &m.config_digest, 0..m.config_size).await?;
+        let digest = crate::estargz::sha256_digest(&body);
+        if digest != m.config_digest {
+            return Err(RegistryError::Manifest {
+                reference: image.to_string(),
+                reason: format!("config {} hashes to {digest}", m.config_digest),
+            });
+        }
+        Ok(body)
+    }
+
     /// The manifest or index `object` (a tag or a digest) of `image`'s repository, as stored,
     /// with its digest; content asked for by digest is checked against it.
     pub async fn manifest_raw(&self, image: &ImageRef, object: &str) -> Result<(Bytes, String), RegistryError> {
@@ -205,8 +233,15 @@ impl Registry {
 
     /// The last `len` bytes of blob `digest` (all of it, if it is shorter), and the blob's
     /// size, in one round trip: a suffix range, whose answer names the size. A server that
-    /// will not answer a suffix range costs a HEAD and an ordinary range instead.
-    pub async fn blob_tail(&self, image: &ImageRef, digest: &str, len: u64) -> Result<(Bytes, u64), RegistryError> {
+    /// will not answer a suffix range costs a HEAD and an ordinary range instead. `observe`
+    /// sees the bytes as they arrive, in order.
+    pub async fn blob_tail(
+        &self,
+        image: &ImageRef,
+        digest: &str,
+        len: u64,
+        mut observe: impl FnMut(&[u8]) + Send,
+    ) -> Result<(Bytes, u64), RegistryError> {
         let (resp, url, tail) =
             self.end_of_blob(image, digest, &format!("bytes=-{len}"), |start, size| size - start <= len).await?;
         // Else the whole blob, if it is shorter than what was asked for.
@@ -218,9 +253,11 @@ impl Registry {
             drop(resp);
             let size = self.blob_size(image, digest).await?;
             let start = size.saturating_sub(len);
-            return Ok((self.blob_range(image, digest, start..size).await?, size));
+            let tail = self.blob_range(image, digest, start..size).await?;
+            observe(&tail);
+            return Ok((tail, size));
         };
-        collect(RangeStream::new(resp, url, start..size)).await.map(|body| (body, size))
+        collect_seen(RangeStream::new(resp, url, start..size), observe).await.map(|body| (body, size))
     }
 
     /// Blob `digest` from byte `start` to its end, and the blob's size, in one round trip (an
@@ -506,7 +543,7 @@ fn to_manifest(image: &ImageRef, raw: RawManifest, digest: String) -> Result<Man
             });
         }
     }
-    Ok(Manifest { digest, config_digest: config.digest, layers: raw.layers })
+    Ok(Manifest { digest, config_digest: config.digest, config_size: config.size, layers: raw.layers })
 }
 
 /// The scheme and authority of an endpoint's base URL (`https://host:port`), without its path.

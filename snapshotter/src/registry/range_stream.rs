@@ -121,9 +121,18 @@ impl RangeStream {
 }
 
 /// All of a range, held in memory: it is only ever as long as was asked for.
-pub(super) async fn collect(mut stream: RangeStream) -> Result<Bytes, RegistryError> {
+pub(super) async fn collect(stream: RangeStream) -> Result<Bytes, RegistryError> {
+    collect_seen(stream, |_| {}).await
+}
+
+/// As [`collect`], with `observe` seeing each piece as it arrives.
+pub(super) async fn collect_seen(
+    mut stream: RangeStream,
+    mut observe: impl FnMut(&[u8]) + Send,
+) -> Result<Bytes, RegistryError> {
     let mut body = bytes::BytesMut::with_capacity((stream.range.end - stream.range.start) as usize);
     while let Some(piece) = stream.next().await? {
+        observe(&piece);
         body.extend_from_slice(&piece);
     }
     Ok(body.freeze())
