@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Plain, client, plain_entries, registry_host};
+use common::{Plain, SeeingProxy, client, plain_entries, registry_host};
 use strata_snapshotter::estargz::{self, EntryKind, FormatError, MAX_FOOTER_SIZE, Toc};
 use strata_snapshotter::registry::{ImageRef, ManifestLayer, Registry, RegistryError};
 
@@ -126,28 +126,22 @@ async fn registry_errors_name_what_failed() {
     assert!(e.to_string().contains("127.0.0.1:9"), "{e}");
 }
 
-/// Requests for blob `digest` in the test registry's access log.
-fn blob_gets(digest: &str) -> usize {
-    let path = std::env::var("STRATA_TEST_REGISTRY_LOG").expect("STRATA_TEST_REGISTRY_LOG: the test registry's log");
-    let log = std::fs::read_to_string(path).unwrap();
-    log.lines().filter(|l| l.contains(&format!("GET /v2/strata/python/blobs/{digest}"))).count()
-}
-
 #[tokio::test]
 #[ignore = "needs the test registry with ctr-remote's eStargz images: run by .ci/run"]
 async fn where_the_start_up_files_end_is_heard_from_the_first_read_of_a_layers_end() {
     use strata_snapshotter::remote::{RemoteOptions, check_toc, fetch_toc};
     let reg = client();
+    // Through a proxy of this test's own, which counts what it asked for.
+    let proxy = SeeingProxy::start();
     for (tag, expect_told) in [("python:esgz-opt", true), ("python:esgz", false)] {
-        let image = ImageRef::parse(&format!("{}/strata/{tag}", registry_host())).unwrap();
+        let image = ImageRef::parse(&format!("{}/strata/{tag}", proxy.addr)).unwrap();
         let layer = reg.manifest(&image).await.unwrap().layers[0].clone();
-        let before = blob_gets(&layer.digest);
+        let blob = format!("GET /v2/strata/python/blobs/{}", layer.digest);
+        let before = proxy.count(&blob);
         let mut heard = Vec::new();
         let mut tell = |at| heard.push(at);
         let member = fetch_toc(&reg, &image, &layer.digest, 64 << 20, None, Some(&mut tell)).await.unwrap();
-        // The access log is written as each answer ends.
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        assert_eq!(blob_gets(&layer.digest) - before, 1, "{tag}: the footer and the TOC came in one read");
+        assert_eq!(proxy.count(&blob) - before, 1, "{tag}: the footer and the TOC came in one read");
         let checked =
             check_toc(&image, &layer.digest, &member, &layer.annotations[TOC_DIGEST], &RemoteOptions::default())
                 .await

@@ -28,9 +28,9 @@ pub enum Fault {
     /// Hold back the answer to every ranged request that names its first byte (`bytes=N-M`,
     /// not a suffix `bytes=-N`) this long: a prefetch or a chunk read on a slow link.
     DelayRanges(std::time::Duration),
-    /// Send the first half of the body of every answer to a range that starts past the blob's
-    /// first byte (`bytes=N-M`, N > 0: a TOC or a chunk), then the rest this much later: a
-    /// large answer still on its way.
+    /// Send the first half of the body of every answer to a range that does not start at the
+    /// blob's first byte (`bytes=N-M` with N > 0, or a suffix `bytes=-N`: the read of a blob's
+    /// end, a TOC or a chunk), then the rest this much later: a large answer still on its way.
     StallMidway(std::time::Duration),
     /// Drop suffix ranges (`bytes=-N`) from requests, so the whole blob comes back with 200, as
     /// from a server that does not know them.
@@ -164,8 +164,9 @@ fn relay(
         .flatten()
         .zip(body_at)
         .map(|(digest, body)| (digest.to_owned(), (answer.len() - body) as u64));
+    let suffix = text.lines().any(|l| l.to_ascii_lowercase().replace(' ', "").starts_with("range:bytes=-"));
     if let (Fault::StallMidway(delay), Some(body)) = (&now, body_at)
-        && range_from.is_some_and(|n| n > 0)
+        && (suffix || range_from.is_some_and(|n| n > 0))
     {
         let mid = body + (answer.len() - body) / 2;
         client.write_all(&answer[..mid])?;

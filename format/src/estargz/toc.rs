@@ -8,6 +8,7 @@ use super::time::parse_rfc3339;
 use super::{FormatError, is_sha256_digest, sha256_digest};
 use base64::Engine;
 use serde::Deserialize;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 
@@ -94,35 +95,46 @@ pub struct Toc {
     pub toc_offset: u64,
 }
 
+/// The TOC as its JSON gives it. Its strings borrow from the JSON where they can (those without
+/// escapes, which is nearly all): a TOC of thousands of entries is parsed on a pull's path, and
+/// a string each for eight fields of every entry was most of the parse's time.
 #[derive(Deserialize)]
-struct RawToc {
+struct RawToc<'a> {
     version: i64,
-    entries: Vec<RawEntry>,
+    #[serde(borrow)]
+    entries: Vec<RawEntry<'a>>,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
-struct RawEntry {
-    name: String,
-    #[serde(rename = "type")]
-    kind: String,
+struct RawEntry<'a> {
+    #[serde(borrow)]
+    name: Cow<'a, str>,
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
     size: i64,
-    modtime: String,
-    link_name: String,
+    #[serde(borrow)]
+    modtime: Cow<'a, str>,
+    #[serde(borrow)]
+    link_name: Cow<'a, str>,
     mode: i64,
     uid: i64,
     gid: i64,
-    user_name: String,
-    group_name: String,
+    #[serde(borrow)]
+    user_name: Cow<'a, str>,
+    #[serde(borrow)]
+    group_name: Cow<'a, str>,
     offset: i64,
     inner_offset: i64,
     dev_major: i64,
     dev_minor: i64,
     xattrs: BTreeMap<String, String>,
-    digest: String,
+    #[serde(borrow)]
+    digest: Cow<'a, str>,
     chunk_offset: i64,
     chunk_size: i64,
-    chunk_digest: String,
+    #[serde(borrow)]
+    chunk_digest: Cow<'a, str>,
 }
 
 /// Decompresses the TOC (`compressed`: the gzip member of a tar holding `stargz.index.json`,
@@ -267,8 +279,7 @@ pub fn parse_toc(json: &[u8], toc_offset: u64) -> Result<Toc, FormatError> {
             let Some(i) = open_file else {
                 return Err(entry_err(&r.name, "a chunk entry follows no regular file"));
             };
-            let name = b.entries[i].path.clone();
-            let chunk = raw_chunk(&name, &r)?;
+            let chunk = raw_chunk(&r.name, &r)?;
             b.add_chunk(i, chunk)?;
             continue;
         }
@@ -294,10 +305,10 @@ pub fn parse_toc(json: &[u8], toc_offset: u64) -> Result<Toc, FormatError> {
             return Err(entry_err(&r.name, "the layer's root must be a directory"));
         }
         if !r.user_name.is_empty() {
-            user_names.insert(r.uid, r.user_name.clone());
+            user_names.insert(r.uid, r.user_name.to_string());
         }
         if !r.group_name.is_empty() {
-            group_names.insert(r.gid, r.group_name.clone());
+            group_names.insert(r.gid, r.group_name.to_string());
         }
         let mut xattrs = BTreeMap::new();
         for (k, v) in &r.xattrs {
@@ -310,7 +321,7 @@ pub fn parse_toc(json: &[u8], toc_offset: u64) -> Result<Toc, FormatError> {
         let dev = |v: i64, what: &str| {
             u32::try_from(v).map_err(|_| entry_err(&r.name, format!("{what} {v} is out of range")))
         };
-        let kind = match r.kind.as_str() {
+        let kind = match r.kind.as_ref() {
             "dir" => EntryKind::Dir,
             "reg" => EntryKind::Reg,
             "symlink" => {
@@ -319,7 +330,7 @@ pub fn parse_toc(json: &[u8], toc_offset: u64) -> Result<Toc, FormatError> {
                 }
                 // A symlink's target is resolved by the kernel inside the container's root, so
                 // any text is safe as a target; it is kept as written.
-                EntryKind::Symlink(r.link_name.clone())
+                EntryKind::Symlink(r.link_name.to_string())
             }
             "hardlink" => EntryKind::Hardlink(link()?),
             "char" => EntryKind::Char { major: dev(r.dev_major, "devMajor")?, minor: dev(r.dev_minor, "devMinor")? },
@@ -327,7 +338,7 @@ pub fn parse_toc(json: &[u8], toc_offset: u64) -> Result<Toc, FormatError> {
             "fifo" => EntryKind::Fifo,
             other => return Err(entry_err(&r.name, format!("unknown type {other:?}"))),
         };
-        let mtime = match r.modtime.as_str() {
+        let mtime = match r.modtime.as_ref() {
             "" => 0,
             t => parse_rfc3339(t).ok_or_else(|| entry_err(&r.name, format!("modtime {t:?} is not RFC 3339")))?.0,
         };
@@ -349,7 +360,7 @@ pub fn parse_toc(json: &[u8], toc_offset: u64) -> Result<Toc, FormatError> {
             mtime,
             xattrs,
             size,
-            digest: (!r.digest.is_empty()).then(|| r.digest.clone()),
+            digest: (!r.digest.is_empty()).then(|| r.digest.to_string()),
             chunks: Vec::new(),
             implicit: false,
         };
@@ -373,7 +384,7 @@ pub fn parse_toc(json: &[u8], toc_offset: u64) -> Result<Toc, FormatError> {
     Ok(Toc { entries, landmark, toc_offset })
 }
 
-fn raw_chunk(name: &str, r: &RawEntry) -> Result<Chunk, FormatError> {
+fn raw_chunk(name: &str, r: &RawEntry<'_>) -> Result<Chunk, FormatError> {
     digest_field(name, "chunkDigest", &r.chunk_digest)?;
     Ok(Chunk {
         file_offset: non_negative(name, "chunkOffset", r.chunk_offset)?,
@@ -382,7 +393,7 @@ fn raw_chunk(name: &str, r: &RawEntry) -> Result<Chunk, FormatError> {
         offset: non_negative(name, "offset", r.offset)?,
         compressed_end: 0,
         inner_offset: non_negative(name, "innerOffset", r.inner_offset)?,
-        digest: r.chunk_digest.clone(),
+        digest: r.chunk_digest.to_string(),
     })
 }
 

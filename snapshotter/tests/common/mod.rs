@@ -1,5 +1,6 @@
-//! Shared by the snapshotter's tests against the registry that `.ci/run` starts: the client,
-//! and a layer read whole as a plain tar, which lazy reads are compared with.
+//! Shared by the snapshotter's tests against the registry that `.ci/run` starts: the client, a
+//! proxy that sees what one test asks of it, and a layer read whole as a plain tar, which lazy
+//! reads are compared with.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -16,6 +17,53 @@ pub fn registry_host() -> String {
 
 pub fn client() -> Registry {
     Registry::new(Hosts::new(None), Credentials::default())
+}
+
+/// A TCP proxy to the test registry that keeps the requests passing through it, so that a test
+/// counts its own requests, not those of the tests running beside it.
+pub struct SeeingProxy {
+    /// `127.0.0.1:PORT`, to use as the registry host of image references.
+    pub addr: String,
+    requests: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl SeeingProxy {
+    pub fn start() -> SeeingProxy {
+        use std::io::Write;
+        use std::net::{Shutdown, TcpListener, TcpStream};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (seen, upstream) = (requests.clone(), registry_host());
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(server) = TcpStream::connect(&upstream) else { continue };
+                let (mut from_client, mut to_server) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let seen = seen.clone();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16384];
+                    while let Ok(n @ 1..) = from_client.read(&mut buf) {
+                        seen.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+                        if to_server.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to_server.shutdown(Shutdown::Write);
+                });
+                let (mut from_server, mut to_client) = (server, client);
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from_server, &mut to_client);
+                    let _ = to_client.shutdown(Shutdown::Write);
+                });
+            }
+        });
+        SeeingProxy { addr, requests }
+    }
+
+    /// How many requests so far start with `line` (`GET /v2/...`).
+    pub fn count(&self, line: &str) -> usize {
+        self.requests.lock().unwrap().matches(&format!("{line} HTTP/1.1")).count()
+    }
 }
 
 /// One entry of a layer read as a plain tar.
