@@ -523,6 +523,19 @@ async fn a_pull_through_cri_is_lazy_too() {
         assert_eq!(whole_downloads(mark, d), 0, "containerd downloaded layer {d}");
         node.layer_when(d, |l| l["lazy"] == true);
     }
+    // The image's config, for the program it runs, is read from the manifest containerd pulled,
+    // whose digest the CRI passes, not from whatever the tag names by then.
+    let by_digest = || {
+        registry_log()[mark..]
+            .lines()
+            .filter(|l| l.contains("\"GET /v2/strata/busybox/manifests/sha256:") && l.contains("\"strata/"))
+            .count()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while by_digest() == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(by_digest(), 1, "one manifest read by Strata, by digest, for both layers");
 }
 
 #[test]

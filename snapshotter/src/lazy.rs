@@ -35,6 +35,8 @@ const TOC_OFFSET_LABEL: &str = crate::convert::image::TOC_OFFSET;
 const PREFETCH_END_LABEL: &str = crate::convert::image::PREFETCH_END;
 const CRI_REF: &str = "containerd.io/snapshot/cri.image-ref";
 const CRI_DIGEST: &str = "containerd.io/snapshot/cri.layer-digest";
+/// The digest of the manifest containerd resolved, for the image's platform.
+const CRI_MANIFEST: &str = "containerd.io/snapshot/cri.manifest-digest";
 const STARGZ_REF: &str = "containerd.io/snapshot/remote/stargz.reference";
 const STARGZ_DIGEST: &str = "containerd.io/snapshot/remote/stargz.digest";
 /// This layer's digest and those of the layers after it, comma-separated.
@@ -61,6 +63,9 @@ pub struct LayerSource {
     /// round trips when they hold.
     pub toc_offset: Option<u64>,
     pub prefetch_end: Option<u64>,
+    /// The manifest containerd is pulling (the CRI passes it): what the image's config is read
+    /// from, rather than whatever the tag names by then.
+    pub manifest_digest: Option<String>,
 }
 
 /// What to do with a Prepare: `None` leaves it to the ordinary path (no target to commit
@@ -83,6 +88,10 @@ pub fn source(labels: &BTreeMap<String, String>) -> Option<Result<LayerSource, S
                         toc_digest,
                         toc_offset: hint(TOC_OFFSET_LABEL),
                         prefetch_end: hint(PREFETCH_END_LABEL).filter(|end| *end > 0),
+                        manifest_digest: labels
+                            .get(CRI_MANIFEST)
+                            .filter(|d| crate::estargz::is_sha256_digest(d))
+                            .cloned(),
                     }
                 })
                 .map_err(|e| e.to_string()),
@@ -356,7 +365,7 @@ impl Lazy {
         // Without a region, the image's program is fetched once the layer is mounted: its
         // config is read now, beside the TOC.
         let programs = (fresh == Fresh::Yes && src.prefetch_end.is_none() && self.opts.fetch_program)
-            .then(|| self.programs(&src.image));
+            .then(|| self.programs(&src.image, src.manifest_digest.as_deref()));
         // A TOC read ahead that failed is read once more now, as if it had not been.
         let read_ahead = match self.take_ahead(&src.digest) {
             Some(read) => read.await.ok(),
@@ -431,16 +440,17 @@ impl Lazy {
     }
 
     /// Where the program `image`'s config runs may be (see [`crate::command`]): its config is
-    /// read once, starting now, however many of its layers ask.
-    fn programs(&self, image: &ImageRef) -> ProgramRead {
-        let name = image.to_string();
+    /// read once, starting now, however many of its layers ask; from `manifest` (a digest)
+    /// where containerd said which manifest it pulled.
+    fn programs(&self, image: &ImageRef, manifest: Option<&str>) -> ProgramRead {
+        let name = manifest.map_or_else(|| image.to_string(), |d| format!("{image}@{d}"));
         let mut kept = self.programs.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, read)) = kept.iter().find(|(n, _)| *n == name) {
             return read.clone();
         }
-        let (registry, image) = (self.registry.clone(), image.clone());
+        let (registry, image, manifest) = (self.registry.clone(), image.clone(), manifest.map(str::to_owned));
         let read = async move {
-            match registry.config(&image).await {
+            match registry.config(&image, manifest.as_deref()).await {
                 Ok(config) => Arc::new(crate::command::program_paths(&config)),
                 Err(e) => {
                     tracing::debug!(%image, error = %e, "the image's config was not read: its program is not fetched ahead");
@@ -748,5 +758,16 @@ mod tests {
         let s = with(&[(TOC_OFFSET_LABEL, "-1"), (PREFETCH_END_LABEL, "0")]);
         assert_eq!((s.toc_offset, s.prefetch_end), (None, None), "a hint that cannot be one is none");
         assert_eq!(with(&[]).toc_offset, None);
+    }
+
+    #[test]
+    fn the_manifest_containerd_pulled_is_kept_if_it_is_a_digest() {
+        let base =
+            [(TARGET_LABEL, "sha256:t"), (TOC_LABEL, "sha256:t"), (CRI_REF, "r.io/a:1"), (CRI_DIGEST, "sha256:c")];
+        let with = |extra: &[(&str, &str)]| source(&labels(&[&base[..], extra].concat())).unwrap().unwrap();
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        assert_eq!(with(&[(CRI_MANIFEST, &digest)]).manifest_digest, Some(digest));
+        assert_eq!(with(&[(CRI_MANIFEST, "latest")]).manifest_digest, None);
+        assert_eq!(with(&[]).manifest_digest, None);
     }
 }

@@ -146,7 +146,13 @@ impl Registry {
     /// The manifest of `image` for this platform: an index is resolved to the entry for
     /// linux and this architecture. Content fetched by digest is checked against it.
     pub async fn manifest(&self, image: &ImageRef) -> Result<Manifest, RegistryError> {
-        let (body, digest) = self.manifest_bytes(image, image.object()).await?;
+        self.manifest_at(image, image.object()).await
+    }
+
+    /// As [`Registry::manifest`], for `object` (a tag, or a digest that the content is checked
+    /// against) of `image`'s repository.
+    pub async fn manifest_at(&self, image: &ImageRef, object: &str) -> Result<Manifest, RegistryError> {
+        let (body, digest) = self.manifest_bytes(image, object).await?;
         let raw = parse_manifest(image, &body)?;
         if raw.manifests.is_empty() {
             return to_manifest(image, raw, digest);
@@ -163,9 +169,10 @@ impl Registry {
         to_manifest(image, parse_manifest(image, &body)?, digest)
     }
 
-    /// The image's config (for this platform), checked against its digest.
-    pub async fn config(&self, image: &ImageRef) -> Result<Bytes, RegistryError> {
-        let m = self.manifest(image).await?;
+    /// The image's config (for this platform), checked against its digest: from `manifest` (a
+    /// digest) if given, else from the manifest `image` names.
+    pub async fn config(&self, image: &ImageRef, manifest: Option<&str>) -> Result<Bytes, RegistryError> {
+        let m = self.manifest_at(image, manifest.unwrap_or(image.object())).await?;
         if m.config_size > CONFIG_LIMIT || !crate::estargz::is_sha256_digest(&m.config_digest) {
             return Err(RegistryError::Manifest {
                 reference: image.to_string(),
