@@ -684,16 +684,15 @@ impl Lazy {
     }
 }
 
-/// The report of a layer that is not lazy: `how` it was served instead, and why.
 /// A snapshot chain as `Snapshotter::chain` lists it: name, id and labels, the top first.
 type Chain = Vec<(String, u64, BTreeMap<String, String>)>;
 
-/// The digests of the lazy layers in a snapshot chain (as `Snapshotter::chain` lists it), in
-/// its order.
+/// The digests of the lazy layers in (part of) a snapshot chain, in its order.
 fn chain_digests(chain: &[(String, u64, BTreeMap<String, String>)]) -> Vec<String> {
     chain.iter().filter_map(|(_, _, labels)| source(labels)?.ok().map(|s| s.digest)).collect()
 }
 
+/// The report of a layer that is not lazy: `how` it was served instead, and why.
 fn not_lazy(snapshot: &str, image: &str, layer: &str, how: &str, reason: String, fetched: u64) -> LayerReport {
     LayerReport {
         snapshot: snapshot.to_owned(),

@@ -122,7 +122,6 @@ pub async fn fetch_toc(
 ) -> Result<TocMember, RemoteError> {
     let reg_err = |source| RemoteError::Registry { image: image.to_string(), layer: digest.to_owned(), source };
     let fmt_err = |source| RemoteError::Format { image: image.to_string(), layer: digest.to_owned(), source };
-    let mut told = false;
     let hinted = match toc_offset {
         Some(at) => tail_from(registry, image, digest, at, max_toc_size.saturating_add(MAX_FOOTER_SIZE)).await,
         None => None,
@@ -131,12 +130,14 @@ pub async fn fetch_toc(
         Some(read) => read,
         None => {
             let mut scan = on_landmark.is_some().then(estargz::tail_scan::TailScan::new);
+            // Once told, `on_landmark` is taken: the TOC's own read, if one follows, is not
+            // scanned again.
             let observe = |piece: &[u8]| {
-                if let (Some(scan), Some(tell)) = (scan.as_mut(), on_landmark.as_mut())
+                if let Some(scan) = scan.as_mut()
                     && let Some(at) = scan.feed(piece)
+                    && let Some(tell) = on_landmark.take()
                 {
                     tell(at);
-                    told = true;
                 }
             };
             let (tail, size) =
@@ -160,7 +161,7 @@ pub async fn fetch_toc(
         // The TOC's start (all of it, if the footer leaves a gap before itself) is read on its
         // own, and the rest is in the tail.
         let mut head = registry.blob_range_stream(image, digest, start..end.min(tail_start)).await.map_err(reg_err)?;
-        let mut scan = (!told && on_landmark.is_some()).then(|| estargz::hint::LandmarkScan::new(footer.compression));
+        let mut scan = on_landmark.is_some().then(|| estargz::hint::LandmarkScan::new(footer.compression));
         let mut whole = bytes::BytesMut::with_capacity((end - start) as usize);
         while let Some(piece) = head.next().await.map_err(reg_err)? {
             whole.extend_from_slice(&piece);

@@ -168,18 +168,9 @@ mod tests {
         e.finish().unwrap()
     }
 
-    /// Feeds `member` in pieces of `piece` bytes: the offset found and the bytes fed by then.
     fn scan(compression: Compression, member: &[u8], piece: usize) -> Option<(u64, usize)> {
         let mut scan = LandmarkScan::new(compression);
-        let mut fed = 0;
-        for p in member.chunks(piece) {
-            fed += p.len();
-            if let Some(at) = scan.feed(p) {
-                assert_eq!(scan.feed(p), None, "one answer, then none");
-                return Some((at, fed));
-            }
-        }
-        None
+        crate::estargz::testblob::feed_in_pieces(member, piece, |p| scan.feed(p))
     }
 
     #[test]

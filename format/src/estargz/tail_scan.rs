@@ -137,18 +137,9 @@ mod tests {
     use super::*;
     use crate::estargz::testblob;
 
-    /// Feeds `tail` in pieces of `piece` bytes: the offset found and the bytes fed by then.
     fn scan(tail: &[u8], piece: usize) -> Option<(u64, usize)> {
         let mut scan = TailScan::new();
-        let mut fed = 0;
-        for p in tail.chunks(piece) {
-            fed += p.len();
-            if let Some(at) = scan.feed(p) {
-                assert_eq!(scan.feed(p), None, "one answer, then none");
-                return Some((at, fed));
-            }
-        }
-        None
+        testblob::feed_in_pieces(tail, piece, |p| scan.feed(p))
     }
 
     fn landmark_at(offset: u64) -> serde_json::Value {

@@ -19,6 +19,20 @@ fn gz(data: &[u8]) -> Vec<u8> {
     e.finish().unwrap()
 }
 
+/// Feeds `bytes` to a scan in pieces of `piece` bytes: the offset it found and the bytes fed by
+/// then. A scan answers once: the same piece fed again after its answer gives nothing.
+pub fn feed_in_pieces(bytes: &[u8], piece: usize, mut feed: impl FnMut(&[u8]) -> Option<u64>) -> Option<(u64, usize)> {
+    let mut fed = 0;
+    for p in bytes.chunks(piece) {
+        fed += p.len();
+        if let Some(at) = feed(p) {
+            assert_eq!(feed(p), None, "one answer, then none");
+            return Some((at, fed));
+        }
+    }
+    None
+}
+
 /// A tar header block of a regular file, enough for the TOC member.
 pub fn tar_header(name: &str, size: u64) -> Vec<u8> {
     let mut h = vec![0u8; 512];
