@@ -4,6 +4,7 @@
 
 use crate::estargz::{self, Chunk};
 use crate::layer::{Blob, FileData, Tree};
+use crate::peek::Peek;
 use crate::readaround::{self, MAX_WINDOW};
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -134,11 +135,30 @@ impl Fetcher for LayerFetcher {
             // The reader's own chunk comes first in the range: it returns as soon as that is
             // in, not when the whole window is.
             let own = (chunk.compressed_end - chunk.offset) as usize;
+            // A program being started is read here and there, not walked through: an ELF file
+            // met on a walk (`find | xargs cat`) is being read, not run.
+            let first = chunk.file_offset == 0 && window == 0;
+            let mut peek = None;
+            let mut peeked = false;
             let mut buf = bytes::BytesMut::new();
             while buf.len() < own {
                 let Some(data) = stream.next().await.map_err(registry_err)? else { break };
                 blob.fetched.fetch_add(data.len() as u64, Ordering::Relaxed);
+                let before = buf.len();
                 buf.extend_from_slice(&data);
+                if first && chunk.inner_offset == 0 && !peeked {
+                    if before == 0 {
+                        peek = Peek::new(&buf);
+                    }
+                    let mine = &buf[before..own.min(buf.len())];
+                    if let Some(head) = peek.as_mut().and_then(|p| p.feed(mine)) {
+                        peeked = follow_early(&blob, &tree, &path, head);
+                        peek = None;
+                    }
+                }
+            }
+            if let Some(head) = peek.and_then(Peek::finish) {
+                peeked = follow_early(&blob, &tree, &path, head);
             }
             let compressed = buf.split_to(own.min(buf.len())).freeze();
             // The chunks read around are cached as they arrive, while this read returns; the
@@ -160,9 +180,7 @@ impl Fetcher for LayerFetcher {
             if window >= MAX_WINDOW {
                 read_ahead(&blob, &pieces, end);
             }
-            // A program being started is read here and there, not walked through: an ELF file
-            // met on a walk (`find | xargs cat`) is being read, not run.
-            let (name, first) = (path.clone(), chunk.file_offset == 0 && window == 0);
+            let name = path.clone();
             let decoded = tokio::task::spawn_blocking(move || estargz::decode_chunk(&path, &chunk, &compressed))
                 .await
                 .map_err(|e| Arc::new(std::io::Error::other(e.to_string())) as FetchError)?;
@@ -173,12 +191,22 @@ impl Fetcher for LayerFetcher {
                 Arc::new(ChunkFetchError::from(e)) as FetchError
             })?;
             let bytes = Bytes::from(bytes);
-            if first && crate::elf::is_elf(&bytes) {
+            if first && !peeked && crate::elf::is_elf(&bytes) {
                 crate::loader::follow(&blob, &tree, &name, bytes.clone());
             }
             Ok(bytes)
         })
     }
+}
+
+/// Follows an ELF file from the first bytes of its first chunk ([`Peek`]): `false` if they are
+/// not an ELF file's, to be looked at again once the chunk is checked.
+fn follow_early(blob: &Arc<Blob>, tree: &Arc<Tree>, path: &str, head: Vec<u8>) -> bool {
+    let elf = crate::elf::is_elf(&head);
+    if elf {
+        crate::loader::follow(blob, tree, path, Bytes::from(head));
+    }
+    elf
 }
 
 /// What a demand read fetches: its chunk, and the chunks after it (`extra`) to `end`, recorded

@@ -379,8 +379,13 @@ impl Lazy {
                 // opened now so that the request does not wait for a handshake.
                 let scan = fresh == Fresh::Yes && early.is_none();
                 if scan {
-                    let (registry, image) = (self.registry.clone(), src.image.clone());
-                    tokio::spawn(async move { registry.preconnect(&image).await });
+                    // A layer without a region has its image's program, its loader's files
+                    // and runc's user files asked for side by side once it is mounted.
+                    let spare = if programs.is_some() { 3 } else { 1 };
+                    for _ in 0..spare {
+                        let (registry, image) = (self.registry.clone(), src.image.clone());
+                        tokio::spawn(async move { registry.preconnect(&image).await });
+                    }
                 }
                 let mut tell = |end| early = Some(ask(end));
                 let tell = scan.then_some(&mut tell as &mut (dyn FnMut(u64) + Send));

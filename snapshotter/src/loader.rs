@@ -5,12 +5,14 @@
 //! headers name all of them, so they are asked for at once, side by side, and the libraries'
 //! own dependencies are followed the same way when their bytes come in. A name is looked for in
 //! the program's own layer first, then in the layers under it in its snapshot chain, nearest
-//! first (an application layer's program linking the base layer's libc). The chunks are checked against their TOC
-//! like any other, and each file is asked for once per layer.
+//! first (an application layer's program linking the base layer's libc). What the program
+//! reads next at start, besides, is named by `startup`. The chunks are checked against their
+//! TOC like any other, and each file is asked for once per layer.
 
 use crate::elf::{Dynamic, Headers};
 use crate::fetch::LayerFetcher;
 use crate::layer::{Blob, FileData, LayerNamespace, Tree};
+use crate::startup;
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::ops::Range;
@@ -72,6 +74,8 @@ const AHEAD_BYTES: u64 = 8 << 20;
 /// Chunks fetched ahead at once, on the whole node: what bounds their memory when a program
 /// links dozens of large libraries (a machine-learning framework's, say).
 static AHEAD_AT_ONCE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(8);
+/// Small files ([`startup::SMALL`]) fetched ahead at once, besides those: at most 1 MiB.
+static SMALL_AT_ONCE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(16);
 /// What glibc's loader reads before any library.
 const LD_CACHE: &str = "etc/ld.so.cache";
 
@@ -88,11 +92,40 @@ pub(crate) fn follow(blob: &Arc<Blob>, tree: &Arc<Tree>, path: &str, head: Bytes
             ahead(&blob, &tree, &cache, interp);
             ahead(&blob, &tree, &cache, LD_CACHE);
         }
+        // When the dynamic section is not in these bytes, the string table's library names are
+        // taken at their word until it comes: what it does not name is a few libraries'
+        // bytes fetched for nothing, where waiting costs the link's time for the rest of the
+        // file first.
+        if headers.dynamic.as_ref().is_some_and(|d| d.end > head.len() as u64) {
+            for name in startup::library_names(&head) {
+                if let Some(path) = headers
+                    .default_dirs()
+                    .iter()
+                    .map(|d| format!("{d}/{name}"))
+                    .find(|p| find(&blob, &tree, p).is_some())
+                {
+                    ahead(&blob, &tree, &cache, &path);
+                }
+            }
+        }
         let Some(file) = tree.resolve(&path) else { return };
+        interpreter_start(&blob, &tree, &cache, &file.path);
         for name in needed(&blob, &tree, &cache, &file, &headers, &head).await {
             ahead(&blob, &tree, &cache, &name);
         }
+        // Last, since it waits for all of the file: the small files it names.
+        let len = file_len(&file).min(AHEAD_BYTES);
+        let Some(bytes) = read(&blob, &tree, &cache, &file, 0..len, &head).await else { return };
+        for name in startup::named_paths(&bytes) {
+            if find(&blob, &tree, &name).is_some_and(|f| file_len(&f.file) <= startup::SMALL) {
+                ahead(&blob, &tree, &cache, &name);
+            }
+        }
     });
+}
+
+fn file_len(file: &FileData) -> u64 {
+    file.chunks.last().map_or(0, |c| c.file_offset + c.size)
 }
 
 /// The paths of the libraries `file` needs, found as the loader would search them (see [`find`]).
@@ -165,29 +198,42 @@ fn fetcher(blob: &Arc<Blob>, tree: &Arc<Tree>, file: &Arc<FileData>) -> Arc<Laye
     Arc::new(LayerFetcher { blob: blob.clone(), file: Some(file.clone()), tree: tree.clone(), ahead: true })
 }
 
+/// Fetches what an interpreter's start reads of its own, known by its path (`real`, symlinks
+/// followed) alone.
+fn interpreter_start(blob: &Arc<Blob>, tree: &Arc<Tree>, cache: &TieredCache, real: &str) {
+    for (name, instead) in startup::python_start(real) {
+        if !ahead(blob, tree, cache, &name)
+            && let Some(instead) = instead
+        {
+            ahead(blob, tree, cache, &instead);
+        }
+    }
+}
+
 /// Fetches the start of the program at `path` in the layer of `ns` (not the layers under it:
 /// theirs have their own mounts), and so, once its first chunk is in, what its loader will
 /// read. `false` if the layer holds no such file.
 pub(crate) fn start_program(ns: &LayerNamespace, path: &str) -> bool {
     let (blob, tree) = ns.parts();
     let Some(cache) = blob.cache.get() else { return false };
-    if tree.resolve(path).is_none() {
-        return false;
-    }
+    let Some(file) = tree.resolve(path) else { return false };
     tracing::debug!(layer = %blob.digest, path, "fetching the image's program ahead");
-    ahead(blob, tree, cache, path);
+    let _ = ahead(blob, tree, cache, path);
+    // Its own start-up files need none of its bytes to be named, so they go out beside it.
+    interpreter_start(blob, tree, cache, &file.path);
     true
 }
 
 /// Fetches the start of the file `name` names (see [`find`]), unless it was asked for
-/// already. Its first chunk's arrival follows it in turn, if it is an ELF file.
-fn ahead(blob: &Arc<Blob>, tree: &Arc<Tree>, cache: &TieredCache, name: &str) {
-    let Some(Found { blob, tree, file }) = find(blob, tree, name) else { return };
+/// already. Its first chunk's arrival follows it in turn, if it is an ELF file. `false` if the
+/// layers hold no such file.
+fn ahead(blob: &Arc<Blob>, tree: &Arc<Tree>, cache: &TieredCache, name: &str) -> bool {
+    let Some(Found { blob, tree, file }) = find(blob, tree, name) else { return false };
     let (blob, tree) = (&blob, &tree);
     {
         let mut followed = blob.followed.lock().unwrap_or_else(|p| p.into_inner());
         if followed.len() >= MAX_FOLLOWED || !followed.insert(file.path.clone()) {
-            return;
+            return true;
         }
     }
     let keys: Vec<ChunkKey> = file
@@ -198,19 +244,23 @@ fn ahead(blob: &Arc<Blob>, tree: &Arc<Tree>, cache: &TieredCache, name: &str) {
         .filter(|k| cache.location(k).is_none())
         .collect();
     if keys.is_empty() {
-        return;
+        return true;
     }
     blob.rejects.loader_files.inc();
-    tracing::debug!(layer = %blob.digest, path = %file.path, chunks = keys.len(), "fetching ahead for a starting program's loader");
+    tracing::debug!(layer = %blob.digest, path = %file.path, chunks = keys.len(), "fetching ahead for a starting program");
+    // A small file does not wait behind the libraries' large chunks: its fetch is a round trip,
+    // not bytes, and it is the next thing a start reads, one after another.
+    let slots = if file_len(&file) <= startup::SMALL { &SMALL_AT_ONCE } else { &AHEAD_AT_ONCE };
     for key in keys {
         let (cache, fetcher) = (cache.clone(), fetcher(blob, tree, &file));
         let digest = blob.digest.clone();
         tokio::spawn(async move {
-            let Ok(_slot) = AHEAD_AT_ONCE.acquire().await else { return };
+            let Ok(_slot) = slots.acquire().await else { return };
             // A failure here is the reader's to meet, when it asks for the chunk itself.
             if let Err(e) = cache.get(&key, fetcher, GetOptions::default()).await {
                 tracing::debug!(layer = %digest, key = %key, error = %e, "a file fetched ahead for a loader was not fetched");
             }
         });
     }
+    true
 }
