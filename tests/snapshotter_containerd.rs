@@ -565,10 +565,8 @@ fn the_start_up_files_are_asked_for_while_the_toc_is_still_arriving() {
     assert_eq!(out, "1\n");
 }
 
-/// `strata_snapshotter_loader_files_fetched_ahead_total`: files fetched for starting programs'
-/// loaders before they asked.
-/// The proxy's request count once a second has passed without a request: what the node
-/// fetches of its own accord after a pull is in by then.
+/// The proxy's mark once a second has passed without a blob answer: what the node fetches of
+/// its own accord after a pull is in by then.
 fn quiet(proxy: &FaultyRegistry) -> usize {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let mut seen = proxy.mark();
@@ -578,11 +576,13 @@ fn quiet(proxy: &FaultyRegistry) -> usize {
         if now == seen {
             return now;
         }
-        assert!(std::time::Instant::now() < deadline, "the node kept fetching: {now} requests");
+        assert!(std::time::Instant::now() < deadline, "the node kept fetching: {now} answers");
         seen = now;
     }
 }
 
+/// `strata_snapshotter_loader_files_fetched_ahead_total`: files fetched for starting programs'
+/// loaders before they asked.
 fn loader_files_ahead(node: &Node) -> u64 {
     let metrics = node.daemon.metrics_text();
     metrics
@@ -664,7 +664,8 @@ fn python_starts_having_fetched_a_small_part_of_its_image() {
         let layers = node.layer_digests(reference);
         // The optimized image's prefetch region, with the user and group files runc reads at
         // every start (which its recording left out) fetched beside it, is all python's start
-        // needs: once they are in, the container fetches nothing of its own.
+        // needs: once they are in, the container fetches nothing of its own. So is, for the
+        // plain image, what was fetched ahead for its program once its layer was mounted.
         if reference.ends_with("-opt") {
             node.layer_when(&layers[0], |l| l["prefetch"] == "done");
         }

@@ -4,7 +4,7 @@
 
 use crate::estargz::{self, Chunk};
 use crate::layer::{Blob, FileData, Tree};
-use crate::peek::Peek;
+use crate::peek::{PEEK, Peek};
 use crate::readaround::{self, MAX_WINDOW};
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -146,19 +146,20 @@ impl Fetcher for LayerFetcher {
                 blob.fetched.fetch_add(data.len() as u64, Ordering::Relaxed);
                 let before = buf.len();
                 buf.extend_from_slice(&data);
-                if first && chunk.inner_offset == 0 && !peeked {
+                // A chunk that comes in one go is looked at whole, checked, once it is in.
+                if first && chunk.inner_offset == 0 && own > PEEK && !peeked {
                     if before == 0 {
                         peek = Peek::new(&buf);
                     }
                     let mine = &buf[before..own.min(buf.len())];
                     if let Some(head) = peek.as_mut().and_then(|p| p.feed(mine)) {
-                        peeked = follow_early(&blob, &tree, &path, head);
+                        peeked = follow_early(&blob, &tree, &path, head, ahead);
                         peek = None;
                     }
                 }
             }
             if let Some(head) = peek.and_then(Peek::finish) {
-                peeked = follow_early(&blob, &tree, &path, head);
+                peeked = follow_early(&blob, &tree, &path, head, ahead);
             }
             let compressed = buf.split_to(own.min(buf.len())).freeze();
             // The chunks read around are cached as they arrive, while this read returns; the
@@ -192,7 +193,7 @@ impl Fetcher for LayerFetcher {
             })?;
             let bytes = Bytes::from(bytes);
             if first && !peeked && crate::elf::is_elf(&bytes) {
-                crate::loader::follow(&blob, &tree, &name, bytes.clone());
+                crate::loader::follow(&blob, &tree, &name, bytes.clone(), ahead);
             }
             Ok(bytes)
         })
@@ -200,11 +201,12 @@ impl Fetcher for LayerFetcher {
 }
 
 /// Follows an ELF file from the first bytes of its first chunk ([`Peek`]): `false` if they are
-/// not an ELF file's, to be looked at again once the chunk is checked.
-fn follow_early(blob: &Arc<Blob>, tree: &Arc<Tree>, path: &str, head: Vec<u8>) -> bool {
+/// not an ELF file's, to be looked at again once the chunk is checked. `ahead`: the file is
+/// being fetched ahead for a starting program, as its loader's.
+fn follow_early(blob: &Arc<Blob>, tree: &Arc<Tree>, path: &str, head: Vec<u8>, ahead: bool) -> bool {
     let elf = crate::elf::is_elf(&head);
     if elf {
-        crate::loader::follow(blob, tree, path, Bytes::from(head));
+        crate::loader::follow(blob, tree, path, Bytes::from(head), ahead);
     }
     elf
 }

@@ -79,9 +79,10 @@ static SMALL_AT_ONCE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new
 /// What glibc's loader reads before any library.
 const LD_CACHE: &str = "etc/ld.so.cache";
 
-/// Follows the ELF file at `path` in the layer, whose first chunk `head` has just been fetched:
-/// fetches what its loader will read, in the background.
-pub(crate) fn follow(blob: &Arc<Blob>, tree: &Arc<Tree>, path: &str, head: Bytes) {
+/// Follows the ELF file at `path` in the layer, whose first chunk `head` has just been fetched
+/// (or its first bytes, unchecked): fetches what its loader will read, in the background, and,
+/// if it was itself fetched ahead of a start (`ahead_of_start`), the small files it names.
+pub(crate) fn follow(blob: &Arc<Blob>, tree: &Arc<Tree>, path: &str, head: Bytes, ahead_of_start: bool) {
     let Some(cache) = blob.cache.get().cloned() else { return };
     let Some(headers) = Headers::parse(&head) else { return };
     let (blob, tree, path) = (blob.clone(), tree.clone(), path.to_owned());
@@ -113,7 +114,12 @@ pub(crate) fn follow(blob: &Arc<Blob>, tree: &Arc<Tree>, path: &str, head: Bytes
         for name in needed(&blob, &tree, &cache, &file, &headers, &head).await {
             ahead(&blob, &tree, &cache, &name);
         }
-        // Last, since it waits for all of the file: the small files it names.
+        // Last, since it waits for all of the file: the small files it names. Only for a file
+        // fetched ahead for a start (a library: the C library is what names them), not one a
+        // reader opened, which may be `cat` on a walk through the layer, not a start.
+        if !ahead_of_start {
+            return;
+        }
         let len = file_len(&file).min(AHEAD_BYTES);
         let Some(bytes) = read(&blob, &tree, &cache, &file, 0..len, &head).await else { return };
         for name in startup::named_paths(&bytes) {
