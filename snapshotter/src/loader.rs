@@ -76,6 +76,9 @@ const AHEAD_BYTES: u64 = 8 << 20;
 static AHEAD_AT_ONCE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(8);
 /// Small files ([`startup::SMALL`]) fetched ahead at once, besides those: at most 1 MiB.
 static SMALL_AT_ONCE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(16);
+/// Files scanned at once for the paths they name (a chunk each in memory). Not the slots above:
+/// a scan waits for chunks that fetches holding those are bringing.
+static SCANS_AT_ONCE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(4);
 /// What glibc's loader reads before any library.
 const LD_CACHE: &str = "etc/ld.so.cache";
 
@@ -120,11 +123,17 @@ pub(crate) fn follow(blob: &Arc<Blob>, tree: &Arc<Tree>, path: &str, head: Bytes
         if !ahead_of_start {
             return;
         }
-        let len = file_len(&file).min(AHEAD_BYTES);
-        let Some(bytes) = read(&blob, &tree, &cache, &file, 0..len, &head).await else { return };
-        for name in startup::named_paths(&bytes) {
-            if find(&blob, &tree, &name).is_some_and(|f| file_len(&f.file) <= startup::SMALL) {
-                ahead(&blob, &tree, &cache, &name);
+        // A chunk at a time, a few files at a time: a start that links dozens of large
+        // libraries holds no more than that in memory for this.
+        let Ok(_slot) = SCANS_AT_ONCE.acquire().await else { return };
+        let (len, size) = (file_len(&file).min(AHEAD_BYTES), tree.chunk_size);
+        for index in 0..len.div_ceil(size) {
+            let range = index * size..((index + 1) * size).min(len);
+            let Some(bytes) = read(&blob, &tree, &cache, &file, range, &head).await else { return };
+            for name in startup::named_paths(&bytes) {
+                if find(&blob, &tree, &name).is_some_and(|f| file_len(&f.file) <= startup::SMALL) {
+                    ahead(&blob, &tree, &cache, &name);
+                }
             }
         }
     });
