@@ -102,12 +102,7 @@ pub(crate) fn follow(blob: &Arc<Blob>, tree: &Arc<Tree>, path: &str, head: Bytes
         // file first.
         if headers.dynamic.as_ref().is_some_and(|d| d.end > head.len() as u64) {
             for name in startup::library_names(&head) {
-                if let Some(path) = headers
-                    .default_dirs()
-                    .iter()
-                    .map(|d| format!("{d}/{name}"))
-                    .find(|p| find(&blob, &tree, p).is_some())
-                {
+                if let Some(path) = in_dirs(&blob, &tree, headers.default_dirs(), &name) {
                     ahead(&blob, &tree, &cache, &path);
                 }
             }
@@ -173,9 +168,14 @@ async fn needed(
             if name.contains('/') {
                 return Some(name.clone());
             }
-            dirs.iter().map(|d| format!("{d}/{name}")).find(|p| find(blob, tree, p).is_some())
+            in_dirs(blob, tree, &dirs, name)
         })
         .collect()
+}
+
+/// The path of library `name` in the first of `dirs` that holds it, as the loader searches.
+fn in_dirs(blob: &Arc<Blob>, tree: &Arc<Tree>, dirs: &[impl AsRef<str>], name: &str) -> Option<String> {
+    dirs.iter().map(|d| format!("{}/{name}", d.as_ref())).find(|p| find(blob, tree, p).is_some())
 }
 
 /// Bytes `range` of `file`, from `head` (its first chunk) or through the cache: a chunk a
