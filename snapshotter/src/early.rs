@@ -1,18 +1,20 @@
-//! Requests for a layer's prefetch region made before its TOC is parsed, so the link carries
-//! the start-up files while the TOC is still on its way or being read. The region starts at the
-//! blob's first byte and ends where the descriptor's hint or the landmark's own TOC entry says.
-//! Whatever a request brings is checked chunk by chunk against the parsed TOC before it is
-//! cached, and a request the parse does not confirm is stopped.
+//! Requests for a layer's bytes made before its TOC is parsed, so the link carries them while
+//! the TOC is still on its way or being read: its prefetch region, which starts at the blob's
+//! first byte and ends where the descriptor's hint or the landmark's own TOC entry says, or a
+//! chunk of the image's program, where the TOC's entries for it say. Whatever a request brings
+//! is checked chunk by chunk against the parsed TOC before it is cached, and a request the
+//! parse does not confirm is stopped.
 
 use crate::registry::range_stream::RangeStream;
 use crate::registry::{ImageRef, Registry, RegistryError};
+use std::ops::Range;
 use std::sync::Arc;
 
-/// The request for a layer's prefetch region, made before its TOC was parsed: bytes `0..end`.
-/// Stopped when dropped unused.
+/// A request for a layer's bytes `range`, made before its TOC was parsed. Stopped when dropped
+/// unused.
 #[derive(Debug)]
 pub struct EarlyPrefetch {
-    pub end: u64,
+    pub range: Range<u64>,
     pub request: tokio::task::JoinHandle<Result<RangeStream, RegistryError>>,
 }
 
@@ -23,19 +25,26 @@ impl Drop for EarlyPrefetch {
 }
 
 impl EarlyPrefetch {
-    /// Asks for bytes `0..end` of blob `digest`, and reads them off the wire as they come, up to
-    /// `ahead` bytes before the fill takes them.
-    pub fn start(registry: Arc<Registry>, image: ImageRef, digest: String, end: u64, ahead: usize) -> EarlyPrefetch {
+    /// Asks for bytes `range` of blob `digest`, and reads them off the wire as they come, up to
+    /// `ahead` bytes before a fetch takes them.
+    pub fn start(
+        registry: Arc<Registry>,
+        image: ImageRef,
+        digest: String,
+        range: Range<u64>,
+        ahead: usize,
+    ) -> EarlyPrefetch {
+        let asked = range.clone();
         let request = tokio::spawn(async move {
-            registry.blob_range_stream(&image, &digest, 0..end).await.map(|s| s.read_ahead(ahead))
+            registry.blob_range_stream(&image, &digest, asked).await.map(|s| s.read_ahead(ahead))
         });
-        EarlyPrefetch { end, request }
+        EarlyPrefetch { range, request }
     }
 
     /// This request, if it is for the region the parsed TOC gives (bytes `0..end`).
     pub fn confirmed(self, end: u64, layer: &str) -> Option<EarlyPrefetch> {
-        if self.end != end {
-            tracing::debug!(layer, hint = self.end, landmark = end, "the early prefetch request was for another range");
+        if self.range != (0..end) {
+            tracing::debug!(layer, hint = ?self.range, landmark = end, "the early prefetch request was for another range");
             return None;
         }
         Some(self)
@@ -51,6 +60,25 @@ impl EarlyPrefetch {
             }
             Err(_) => None,
         }
+    }
+}
+
+/// A task making early requests once it knows their ranges (the image's program's, once its
+/// config is read). Dropped before its requests are taken (a layer that failed to mount), it is
+/// stopped, and so are they.
+#[derive(Debug)]
+pub struct Asking(pub tokio::task::JoinHandle<Vec<EarlyPrefetch>>);
+
+impl Drop for Asking {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Asking {
+    /// The requests it made; none if it failed.
+    pub async fn requests(mut self) -> Vec<EarlyPrefetch> {
+        (&mut self.0).await.unwrap_or_default()
     }
 }
 
@@ -84,7 +112,7 @@ mod tests {
             let _guard = guard;
             std::future::pending::<Result<RangeStream, RegistryError>>().await
         });
-        EarlyPrefetch { end: 4096, request }
+        EarlyPrefetch { range: 0..4096, request }
     }
 
     #[tokio::test]
@@ -100,7 +128,7 @@ mod tests {
         let request = tokio::spawn(async {
             Err(RegistryError::Blob { url: "http://registry/blob".into(), reason: "refused".into() })
         });
-        let early = EarlyPrefetch { end: 4096, request }.confirmed(4096, "layer").expect("the region confirmed");
+        let early = EarlyPrefetch { range: 0..4096, request }.confirmed(4096, "layer").expect("the region confirmed");
         assert!(early.answer("layer").await.is_none());
         let stopped = Arc::new(AtomicBool::new(false));
         drop(pending_request(&stopped));

@@ -127,11 +127,23 @@ impl Fetcher for LayerFetcher {
                 }
             };
             let registry_err = |e| Arc::new(ChunkFetchError::from(e)) as FetchError;
-            let mut stream = blob
-                .registry
-                .blob_range_stream(&blob.image, &blob.digest, chunk.offset..end)
-                .await
-                .map_err(registry_err)?;
+            // A request made for this range before the TOC was parsed is taken, whoever
+            // fetches the chunk first (the program's fetch ahead, or its loader's follower).
+            let asked = match blob.take_early(&(chunk.offset..end)) {
+                Some(early) => early.answer(&blob.digest).await,
+                None => None,
+            };
+            if asked.is_some() {
+                blob.rejects.early_chunks.inc();
+            }
+            let mut stream = match asked {
+                Some(stream) => stream,
+                None => blob
+                    .registry
+                    .blob_range_stream(&blob.image, &blob.digest, chunk.offset..end)
+                    .await
+                    .map_err(registry_err)?,
+            };
             // The reader's own chunk comes first in the range: it returns as soon as that is
             // in, not when the whole window is.
             let own = (chunk.compressed_end - chunk.offset) as usize;

@@ -227,7 +227,7 @@ async fn fetch_group(
     if let Some(early) = asked {
         // The range is in flight from the moment it was asked for: a container that starts
         // before the answer does must wait for it, not fetch the bytes again.
-        let whole = 0..early.end;
+        let whole = early.range.clone();
         let _in_flight = shared.then(|| InFlight::begin(blob, whole.clone(), false));
         if whole.end >= range.end
             && let Some(stream) = early.answer(&blob.digest).await

@@ -65,6 +65,9 @@ pub struct Blob {
     /// The digests of the layers under this one in its snapshot chain, nearest first, once
     /// known.
     pub(crate) lower: std::sync::OnceLock<Vec<String>>,
+    /// Requests for chunks made before the TOC was parsed (the image's program's), each taken
+    /// by the first fetch of the range it was made for.
+    early: std::sync::Mutex<Vec<crate::early::EarlyPrefetch>>,
 }
 
 impl Blob {
@@ -85,7 +88,34 @@ impl Blob {
             followed: Default::default(),
             layers: Default::default(),
             lower: Default::default(),
+            early: Default::default(),
         }
+    }
+
+    /// Keeps `asked`, requests for chunks made before the TOC was parsed, for the fetches of
+    /// their ranges to take, for `kept` at most: those not taken by then are stopped.
+    pub(crate) fn offer_early(self: &Arc<Self>, asked: Vec<crate::early::EarlyPrefetch>, kept: std::time::Duration) {
+        if asked.is_empty() {
+            return;
+        }
+        self.early.lock().unwrap_or_else(|p| p.into_inner()).extend(asked);
+        let blob = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(kept).await;
+            if let Some(blob) = blob.upgrade() {
+                let left = std::mem::take(&mut *blob.early.lock().unwrap_or_else(|p| p.into_inner()));
+                if !left.is_empty() {
+                    tracing::debug!(layer = %blob.digest, left = left.len(), "chunks asked for before the TOC was parsed were not fetched: stopped");
+                }
+            }
+        });
+    }
+
+    /// The request made early for bytes `range`, if there is one.
+    pub(crate) fn take_early(&self, range: &std::ops::Range<u64>) -> Option<crate::early::EarlyPrefetch> {
+        let mut early = self.early.lock().unwrap_or_else(|p| p.into_inner());
+        let i = early.iter().position(|e| e.range == *range)?;
+        Some(early.swap_remove(i))
     }
 
     /// Counts rejected chunks in `metrics` (the daemon's), not in a private set.

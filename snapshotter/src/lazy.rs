@@ -4,7 +4,7 @@
 //! protocol). Anything that stops a layer from being lazy falls back to an ordinary snapshot,
 //! which containerd fills the usual way, and says why.
 
-use crate::early::EarlyPrefetch;
+use crate::early::{Asking, EarlyPrefetch};
 use crate::error::SnapshotError;
 use crate::fill::{self, Progress};
 use crate::layer::Blob;
@@ -45,6 +45,10 @@ const STARGZ_LAYERS: &str = "containerd.io/snapshot/remote/stargz.layers";
 
 /// TOC reads started ahead of their layer's Prepare; more than this and the oldest go.
 const TOCS_AHEAD: usize = 64;
+/// How long requests for the image's program made before its TOC was parsed wait for the
+/// fetches of their chunks to take them: these start as soon as the layer is mounted, so one
+/// still left after this was made on a guess the parse did not confirm.
+const EARLY_KEPT: std::time::Duration = std::time::Duration::from_secs(10);
 
 type TocRead = Shared<BoxFuture<'static, Result<Arc<TocMember>, Arc<RemoteError>>>>;
 /// Where an image's program may be (`crate::command`), read from its config.
@@ -357,7 +361,8 @@ impl Lazy {
         // With the descriptor's word for where the start-up files end, they are asked for now,
         // beside the TOC; the fill takes them if the TOC agrees.
         let ahead = (self.opts.memory_budget / 4) as usize;
-        let ask = |end| EarlyPrefetch::start(self.registry.clone(), src.image.clone(), src.digest.clone(), end, ahead);
+        let ask =
+            |end| EarlyPrefetch::start(self.registry.clone(), src.image.clone(), src.digest.clone(), 0..end, ahead);
         let mut early = match (fresh, src.prefetch_end) {
             (Fresh::Yes, Some(end)) => Some(ask(end)),
             _ => None,
@@ -379,9 +384,12 @@ impl Lazy {
                 // opened now so that the request does not wait for a handshake.
                 let scan = fresh == Fresh::Yes && early.is_none();
                 if scan {
-                    // A layer without a region has its image's program, its loader's files
-                    // and runc's user files asked for side by side once it is mounted.
-                    let spare = if programs.is_some() { 3 } else { 1 };
+                    // A layer without a region has its image's program, runc's user files
+                    // and an interpreter's start-up files asked for side by side once it is
+                    // mounted: nine requests for python's, which with three spares left the
+                    // program's chunks, on the path to everything after, waiting 25 ms for
+                    // handshakes behind the small files.
+                    let spare = if programs.is_some() { 8 } else { 1 };
                     for _ in 0..spare {
                         let (registry, image) = (self.registry.clone(), src.image.clone());
                         tokio::spawn(async move { registry.preconnect(&image).await });
@@ -403,10 +411,27 @@ impl Lazy {
         // A layer mounted again after a restart most likely has them cached already.
         if fresh == Fresh::Yes
             && let Some(end) = checked.landmark_hint
-            && early.as_ref().is_none_or(|e| e.end != end)
+            && early.as_ref().is_none_or(|e| e.range.end != end)
         {
             early = Some(ask(end));
         }
+        // Without a region, the image's program is asked for while the TOC is parsed, where
+        // its entries seem to place its chunks; the parse takes the requests it agrees with.
+        let early_program = match &programs {
+            Some(programs) if fresh == Fresh::Yes && checked.landmark_hint.is_none() && early.is_none() => {
+                let (programs, json, data_end) = (programs.clone(), checked.json.clone(), member.footer.data_end);
+                let (registry, image, digest) = (self.registry.clone(), src.image.clone(), src.digest.clone());
+                Some(Asking(tokio::spawn(async move {
+                    let paths = programs.await;
+                    let ranges = paths.iter().find_map(|p| {
+                        crate::estargz::hint::file_chunks(&json, p, crate::loader::AHEAD_BYTES, data_end)
+                    });
+                    let ask = |r| EarlyPrefetch::start(registry.clone(), image.clone(), digest.clone(), r, ahead);
+                    ranges.unwrap_or_default().into_iter().map(ask).collect::<Vec<_>>()
+                })))
+            }
+            _ => None,
+        };
         // An early request dropped on the way out (a TOC that does not parse) is stopped.
         let ns = namespace(self.registry.clone(), &src.image, &src.digest, &member, checked.json, &self.opts).await?;
         let toc_checked = started.elapsed();
@@ -421,6 +446,9 @@ impl Lazy {
         if let Some(programs) = programs.filter(|_| prefetch_bytes.is_none_or(|n| n == 0)) {
             let ns = ns.clone();
             tokio::spawn(async move {
+                if let Some(asked) = early_program {
+                    ns.blob().offer_early(asked.requests().await, EARLY_KEPT);
+                }
                 for path in programs.await.iter() {
                     if crate::loader::start_program(&ns, path) {
                         break;

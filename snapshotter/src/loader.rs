@@ -70,7 +70,7 @@ const MAX_NEEDED: usize = 64;
 const MAX_FOLLOWED: usize = 1024;
 /// Of a file fetched ahead, the chunks within this many bytes from its start: its headers and
 /// dynamic section, and the code a start runs, for all but the largest libraries.
-const AHEAD_BYTES: u64 = 8 << 20;
+pub(crate) const AHEAD_BYTES: u64 = 8 << 20;
 /// Chunks fetched ahead at once, on the whole node: what bounds their memory when a program
 /// links dozens of large libraries (a machine-learning framework's, say).
 static AHEAD_AT_ONCE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(8);
@@ -126,9 +126,7 @@ pub(crate) fn follow(blob: &Arc<Blob>, tree: &Arc<Tree>, path: &str, head: Bytes
             let range = index * size..((index + 1) * size).min(len);
             let Some(bytes) = read(&blob, &tree, &cache, &file, range, &head).await else { return };
             for name in startup::named_paths(&bytes) {
-                if find(&blob, &tree, &name).is_some_and(|f| file_len(&f.file) <= startup::SMALL) {
-                    ahead(&blob, &tree, &cache, &name);
-                }
+                ahead_small(&blob, &tree, &cache, &name);
             }
         }
     });
@@ -239,10 +237,18 @@ pub(crate) fn start_program(ns: &LayerNamespace, path: &str) -> bool {
     true
 }
 
+/// Fetches the file `name` names (see [`find`]) if it is a small one, as [`ahead`] does.
+fn ahead_small(blob: &Arc<Blob>, tree: &Arc<Tree>, cache: &TieredCache, name: &str) {
+    if find(blob, tree, name).is_some_and(|f| file_len(&f.file) <= startup::SMALL) {
+        ahead(blob, tree, cache, name);
+    }
+}
+
 /// Fetches the start of the file `name` names (see [`find`]), unless it was asked for
 /// already. Its first chunk's arrival follows it in turn, if it is an ELF file. `false` if the
 /// layers hold no such file.
 fn ahead(blob: &Arc<Blob>, tree: &Arc<Tree>, cache: &TieredCache, name: &str) -> bool {
+    let (from, from_tree) = (blob, tree);
     let Some(Found { blob, tree, file }) = find(blob, tree, name) else { return false };
     let (blob, tree) = (&blob, &tree);
     {
@@ -258,16 +264,27 @@ fn ahead(blob: &Arc<Blob>, tree: &Arc<Tree>, cache: &TieredCache, name: &str) ->
         .map(|c| ChunkKey::digest(file.path.clone(), c.digest.clone()))
         .filter(|k| cache.location(k).is_none())
         .collect();
+    fetch_chunks(blob, tree, cache, &file, keys);
+    // The C library's start-up files go out right behind it, not once its bytes have named
+    // them. They are looked for from where the program is, as its reads will be.
+    for name in startup::glibc_start(&file.path) {
+        ahead_small(from, from_tree, cache, &name);
+    }
+    true
+}
+
+/// Fetches `keys`, chunks of `file`, in the background, a slot each.
+fn fetch_chunks(blob: &Arc<Blob>, tree: &Arc<Tree>, cache: &TieredCache, file: &Arc<FileData>, keys: Vec<ChunkKey>) {
     if keys.is_empty() {
-        return true;
+        return;
     }
     blob.rejects.loader_files.inc();
     tracing::debug!(layer = %blob.digest, path = %file.path, chunks = keys.len(), "fetching ahead for a starting program");
     // A small file does not wait behind the libraries' large chunks: its fetch is a round trip,
     // not bytes, and it is the next thing a start reads, one after another.
-    let slots = if file_len(&file) <= startup::SMALL { &SMALL_AT_ONCE } else { &AHEAD_AT_ONCE };
+    let slots = if file_len(file) <= startup::SMALL { &SMALL_AT_ONCE } else { &AHEAD_AT_ONCE };
     for key in keys {
-        let (cache, fetcher) = (cache.clone(), fetcher(blob, tree, &file));
+        let (cache, fetcher) = (cache.clone(), fetcher(blob, tree, file));
         let digest = blob.digest.clone();
         tokio::spawn(async move {
             let Ok(_slot) = slots.acquire().await else { return };
@@ -277,5 +294,4 @@ fn ahead(blob: &Arc<Blob>, tree: &Arc<Tree>, cache: &TieredCache, name: &str) ->
             }
         });
     }
-    true
 }

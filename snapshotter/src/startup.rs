@@ -6,6 +6,11 @@
 //! - the program's and its libraries' own bytes: glibc names the files it reads at start by
 //!   absolute path in its read-only data (`/etc/nsswitch.conf`, the gconv cache,
 //!   `/etc/localtime`); only small regular files the layers hold are taken;
+//! - the C library itself, known by its name (`libc.so.6`, glibc): the three of those files that
+//!   common starts read (a program that looks up a user, sets its locale or its time), asked for
+//!   as soon as the library is, where its bytes name them only once it is whole; on the link
+//!   above, that is a round trip taken off the end of every glibc start, at most three small
+//!   files fetched for nothing;
 //! - CPython's start-up, which every python container runs: the standard library modules it
 //!   imports before any script, besides those frozen into the interpreter, and the UTF-8
 //!   locale it switches to (PEP 538), found from where the interpreter itself lies.
@@ -96,6 +101,24 @@ pub fn python_version(path: &str) -> Option<(u32, u32)> {
     (major == 3).then_some((major, minor))
 }
 
+/// What glibc, linked at `path` (its real path, `usr/lib/x86_64-linux-gnu/libc.so.6`), reads at
+/// a common start, as paths from the root: `/etc/nsswitch.conf` (a user or group looked up, as
+/// python's start and every shell do), `/etc/localtime` (the time zone) and the cache of its
+/// character set converters, which it keeps beside itself (`gconv/`), read when a program sets a
+/// UTF-8 locale. Nothing for a file of another name (musl's, say).
+pub fn glibc_start(path: &str) -> Vec<String> {
+    let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+    if name != "libc.so.6" {
+        return Vec::new();
+    }
+    let gconv = if dir.is_empty() {
+        "gconv/gconv-modules.cache".to_owned()
+    } else {
+        format!("{dir}/gconv/gconv-modules.cache")
+    };
+    vec!["etc/nsswitch.conf".to_owned(), "etc/localtime".to_owned(), gconv]
+}
+
 /// The modules a CPython start imports from its standard library, as `-X importtime` shows
 /// them. From 3.11 on, `site`, `os`, `codecs`, `io` and the rest of this list's older part are
 /// frozen into the interpreter; the `encodings` package never is.
@@ -171,6 +194,20 @@ mod tests {
             ["libm.so.6", "libc.so.6", "libexpat.so.1", "libz.so.1.2.13", "libfoo.so"],
             "not a name inside another string, a version that is not numbers, an empty stem, nor the unterminated last"
         );
+    }
+
+    #[test]
+    fn glibcs_start_up_files_are_named_from_where_it_lies() {
+        assert_eq!(
+            glibc_start("usr/lib/x86_64-linux-gnu/libc.so.6"),
+            ["etc/nsswitch.conf", "etc/localtime", "usr/lib/x86_64-linux-gnu/gconv/gconv-modules.cache"]
+        );
+        assert_eq!(glibc_start("usr/lib64/libc.so.6")[2], "usr/lib64/gconv/gconv-modules.cache");
+        for not in
+            ["lib/ld-musl-x86_64.so.1", "usr/lib/libc.so", "usr/lib/x86_64-linux-gnu/libc.so.6.bak", "libcrypt.so.1"]
+        {
+            assert!(glibc_start(not).is_empty(), "{not}");
+        }
     }
 
     #[test]

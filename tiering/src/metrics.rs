@@ -33,6 +33,7 @@ pub const SNAPSHOT_LAYERS: &str = "strata_snapshotter_layers";
 pub const LAYER_CHUNK_REJECTS: &str = "strata_snapshotter_chunks_rejected";
 pub const PREFETCH_WAIT_SECONDS: &str = "strata_snapshotter_prefetch_wait_seconds";
 pub const LOADER_FILES: &str = "strata_snapshotter_loader_files_fetched_ahead";
+pub const EARLY_CHUNKS: &str = "strata_snapshotter_chunks_asked_before_toc_parsed";
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TierLabel {
@@ -98,6 +99,8 @@ pub struct Metrics {
     pub prefetch_wait_seconds: FetchHistogram,
     /// Files of lazy layers fetched because a program starting from the layer links them.
     pub loader_files: Counter,
+    /// Chunks of lazy layers whose fetch took a request made before the layer's TOC was parsed.
+    pub early_chunks: Counter,
     /// All evictions, whatever the tier and reason; for status output.
     pub evicted_chunks: Counter,
 }
@@ -176,6 +179,11 @@ impl Metrics {
             LOADER_FILES,
             "Files of lazy layers fetched before they were read, because a program being started from the layer names them as its ELF interpreter or libraries",
             self.loader_files.clone(),
+        );
+        r.register(
+            EARLY_CHUNKS,
+            "Chunks of lazy layers (the image's program's) fetched by a request made while the layer's TOC was still being parsed",
+            self.early_chunks.clone(),
         );
         r.register(
             PREFETCH_WAIT_SECONDS,

@@ -34,6 +34,136 @@ pub fn prefetch_landmark(json: &[u8]) -> Option<u64> {
     None
 }
 
+/// An entry as [`file_chunks`] reads it.
+#[derive(Deserialize)]
+struct ChunkEntry {
+    name: String,
+    #[serde(rename = "type", default)]
+    kind: String,
+    #[serde(default)]
+    offset: i64,
+    #[serde(rename = "linkName", default)]
+    link_name: String,
+    #[serde(rename = "chunkOffset", default)]
+    chunk_offset: i64,
+    #[serde(rename = "innerOffset", default)]
+    inner_offset: i64,
+}
+
+/// Symbolic links followed at most from a program's path to its file.
+const MAX_HOPS: usize = 8;
+/// Entries read at most past a file's last chunk for where that chunk ends.
+const MAX_AFTER: usize = 64;
+
+/// The compressed ranges of the chunks of the regular file at `path` (symbolic links
+/// followed) whose data starts within its first `within` bytes, found in `json` (a TOC's JSON)
+/// without parsing the rest of it, as [`super::toc::parse_toc`] will place them: each chunk
+/// ends where the next entry's data starts, the last one in the blob at `data_end`. So the
+/// image's program can be asked for while its layer's TOC is parsed. `None` for a file not
+/// found so, or one whose chunks share gzip members (the parse's word is needed for those).
+pub fn file_chunks(json: &[u8], path: &str, within: u64, data_end: u64) -> Option<Vec<std::ops::Range<u64>>> {
+    let mut name = super::toc::normalise_name(path.trim_start_matches('/')).ok()?;
+    for _ in 0..MAX_HOPS {
+        let (start, entry) = find_entry(json, &name)?;
+        match entry.kind.as_str() {
+            "symlink" => name = link_target(&name, &entry.link_name)?,
+            "reg" => return chunk_ranges(json, start, &name, entry, within, data_end),
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// The entry named `name` and where its object starts, if it is written as stargz-snapshotter's
+/// and Strata's writers write one (its `"name"` first).
+fn find_entry(json: &[u8], name: &str) -> Option<(usize, ChunkEntry)> {
+    let needle = [name.as_bytes(), b"\""].concat();
+    for at in memchr::memmem::find_iter(json, &needle) {
+        let Some(start) = entry_start(&json[..at]) else { continue };
+        let Some(Ok(entry)) = serde_json::Deserializer::from_slice(&json[start..]).into_iter::<ChunkEntry>().next()
+        else {
+            continue;
+        };
+        if super::toc::normalise_name(&entry.name).as_deref() == Ok(name) && entry.kind != "chunk" {
+            return Some((start, entry));
+        }
+    }
+    None
+}
+
+/// Where a link at `name` to `target` leads, from the layer's root; `None` past the root.
+fn link_target(name: &str, target: &str) -> Option<String> {
+    let joined = match (target.strip_prefix('/'), name.rsplit_once('/')) {
+        (Some(abs), _) => abs.to_owned(),
+        (None, Some((dir, _))) => format!("{dir}/{target}"),
+        (None, None) => target.to_owned(),
+    };
+    let mut parts: Vec<&str> = Vec::new();
+    for part in joined.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop()?;
+            }
+            p => parts.push(p),
+        }
+    }
+    Some(parts.join("/"))
+}
+
+/// The ranges of the chunks of `name`, whose entry `first` starts at `start` in `json`.
+fn chunk_ranges(
+    json: &[u8],
+    start: usize,
+    name: &str,
+    first: ChunkEntry,
+    within: u64,
+    data_end: u64,
+) -> Option<Vec<std::ops::Range<u64>>> {
+    if first.inner_offset != 0 {
+        return None;
+    }
+    let mut starts = vec![u64::try_from(first.offset).ok().filter(|&o| o > 0)?];
+    let mut at = start;
+    let mut end = None;
+    let mut entries = 0;
+    loop {
+        // The entry just read; then past the comma to the next one, or the array's end.
+        let mut objects = serde_json::Deserializer::from_slice(&json[at..]).into_iter::<ChunkEntry>();
+        let _ = objects.next()?.ok()?;
+        at += objects.byte_offset();
+        at += json[at..].iter().position(|b| !b.is_ascii_whitespace())?;
+        if json[at] != b',' {
+            break;
+        }
+        at += 1 + json[at + 1..].iter().position(|b| !b.is_ascii_whitespace())?;
+        let entry = serde_json::Deserializer::from_slice(&json[at..]).into_iter::<ChunkEntry>().next()?.ok()?;
+        let offset = u64::try_from(entry.offset).unwrap_or(0);
+        let last = *starts.last()?;
+        if entry.kind == "chunk" && super::toc::normalise_name(&entry.name).as_deref() == Ok(name) {
+            if entry.inner_offset != 0 || offset <= last {
+                return None;
+            }
+            if u64::try_from(entry.chunk_offset).unwrap_or(u64::MAX) >= within {
+                end = Some(offset);
+                break;
+            }
+            starts.push(offset);
+            continue;
+        }
+        if offset > last {
+            end = Some(offset);
+            break;
+        }
+        entries += 1;
+        if entries > MAX_AFTER {
+            return None;
+        }
+    }
+    let ends = starts.iter().skip(1).copied().chain([end.unwrap_or(data_end)]);
+    Some(starts.iter().zip(ends).map(|(&s, e)| s..e).collect())
+}
+
 /// JSON scanned at most while a TOC member arrives. Start-up entries come first in a TOC, so
 /// a landmark is near its start; a layer without one is not decompressed twice in full.
 const SCAN_LIMIT: usize = 1 << 20;
@@ -131,6 +261,80 @@ fn trim_end(s: &[u8]) -> &[u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Entries written as the writers write them, `"name"` first.
+    fn program_toc() -> Vec<u8> {
+        let d = super::super::sha256_digest(b"abcd");
+        let entries = [
+            r#"{"name":"usr/","type":"dir"}"#.to_owned(),
+            r#"{"name":"usr/bin/","type":"dir"}"#.to_owned(),
+            r#"{"name":"usr/bin/python3","type":"symlink","linkName":"python3.11"}"#.to_owned(),
+            format!(
+                r#"{{"name":"usr/bin/python3.11","type":"reg","size":12,"offset":100,"chunkSize":4,"chunkDigest":"{d}"}}"#
+            ),
+            format!(
+                r#"{{"name":"usr/bin/python3.11","type":"chunk","offset":200,"chunkOffset":4,"chunkSize":4,"chunkDigest":"{d}"}}"#
+            ),
+            format!(
+                r#"{{"name":"usr/bin/python3.11","type":"chunk","offset":300,"chunkOffset":8,"chunkSize":4,"chunkDigest":"{d}"}}"#
+            ),
+            r#"{"name":"usr/lib/","type":"dir"}"#.to_owned(),
+            format!(r#"{{"name":"usr/lib/x","type":"reg","size":4,"offset":400,"chunkDigest":"{d}"}}"#),
+            r#"{"name":"etc/","type":"dir"}"#.to_owned(),
+            r#"{"name":"etc/alt","type":"symlink","linkName":"/usr/bin/../bin/python3"}"#.to_owned(),
+            r#"{"name":"etc/out","type":"symlink","linkName":"../../x"}"#.to_owned(),
+            r#"{"name":"etc/loop","type":"symlink","linkName":"loop"}"#.to_owned(),
+            format!(r#"{{"name":"etc/shared","type":"reg","size":4,"offset":450,"chunkDigest":"{d}"}}"#),
+            format!(
+                r#"{{"name":"etc/shared2","type":"reg","size":4,"offset":450,"innerOffset":512,"chunkDigest":"{d}"}}"#
+            ),
+        ];
+        format!("{{\"version\":1,\"entries\":[\n  {}\n]}}", entries.join(",\n  ")).into_bytes()
+    }
+
+    #[test]
+    fn a_programs_chunks_are_placed_as_the_parse_places_them() {
+        let json = program_toc();
+        let toc = super::super::toc::parse_toc(&json, 500).unwrap();
+        let parsed = |path: &str, n: usize| -> Vec<std::ops::Range<u64>> {
+            let e = toc.entries.iter().find(|e| e.path == path).unwrap();
+            e.chunks.iter().take(n).map(|c| c.offset..c.compressed_end).collect()
+        };
+        let all = file_chunks(&json, "/usr/bin/python3", 1 << 20, 500).unwrap();
+        assert_eq!(all, [100..200, 200..300, 300..400]);
+        assert_eq!(all, parsed("usr/bin/python3.11", 3));
+        assert_eq!(
+            file_chunks(&json, "usr/bin/python3.11", 8, 500).unwrap(),
+            parsed("usr/bin/python3.11", 2),
+            "only the chunks within the first 8 bytes"
+        );
+        assert_eq!(
+            file_chunks(&json, "etc/alt", 1 << 20, 500).unwrap(),
+            all,
+            "an absolute link, `..` in it, then a relative one"
+        );
+        assert_eq!(file_chunks(&json, "usr/lib/x", 1 << 20, 500).unwrap(), parsed("usr/lib/x", 1));
+        assert_eq!(
+            file_chunks(&json, "etc/shared", 1 << 20, 500).unwrap(),
+            parsed("etc/shared", 1),
+            "its member, which holds the next file too"
+        );
+    }
+
+    #[test]
+    fn no_chunks_for_what_the_parse_must_place() {
+        let json = program_toc();
+        for (path, why) in [
+            ("usr/bin/python2", "not in the layer"),
+            ("usr/bin", "a directory"),
+            ("etc/out", "a link out of the layer"),
+            ("etc/loop", "a link to itself"),
+            ("etc/shared2", "a file inside another's gzip member"),
+            ("../usr/bin/python3", "a name out of the layer"),
+        ] {
+            assert_eq!(file_chunks(&json, path, 1 << 20, 500), None, "{why}");
+        }
+    }
 
     #[test]
     fn finds_the_root_landmark_in_either_layout() {
