@@ -1,7 +1,7 @@
 //! What a starting program reads besides its loader's files, named before it reads them. A
 //! layer without a prefetch region otherwise pays a registry round trip for each such file, one
 //! after another: python's start, after its libraries, opened seven (a locale, the C library's
-//! charset cache, `/etc/nsswitch.conf`, four of its own modules), 0.22 s on a 20 ms link. Two
+//! charset cache, `/etc/nsswitch.conf`, four of its own modules), 0.22 s on a 20 ms link. Three
 //! sources name them:
 //! - the program's and its libraries' own bytes: glibc names the files it reads at start by
 //!   absolute path in its read-only data (`/etc/nsswitch.conf`, the gconv cache,
@@ -9,8 +9,8 @@
 //! - the C library itself, known by its name (`libc.so.6`, glibc): the three of those files that
 //!   common starts read (a program that looks up a user, sets its locale or its time), asked for
 //!   as soon as the library is, where its bytes name them only once it is whole; on the link
-//!   above, that is a round trip taken off the end of every glibc start, at most three small
-//!   files fetched for nothing;
+//!   above, that takes a round trip off the end of a start that reads them, and costs at most
+//!   three small files fetched for nothing in one that does not;
 //! - CPython's start-up, which every python container runs: the standard library modules it
 //!   imports before any script, besides those frozen into the interpreter, and the UTF-8
 //!   locale it switches to (PEP 538), found from where the interpreter itself lies.

@@ -2,8 +2,10 @@
 //! start-up files come first ends them with `.prefetch.landmark`; the bytes before it are what
 //! a container waits for. Knowing that offset a few milliseconds after the TOC arrives, rather
 //! than after the tens of milliseconds a large TOC takes to parse, lets the request for those
-//! bytes go out while the parse runs. It is a hint: [`super::toc::parse_toc`] has the last word,
-//! and a caller must drop what it fetched on a hint the parse does not confirm.
+//! bytes go out while the parse runs. The same holds for one file's chunks ([`file_chunks`]):
+//! the image's program, in a layer without start-up files. These are hints:
+//! [`super::toc::parse_toc`] has the last word, and a caller must drop what it fetched on a
+//! hint the parse does not confirm.
 
 use super::Compression;
 use serde::Deserialize;
