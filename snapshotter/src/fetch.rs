@@ -133,11 +133,11 @@ impl Fetcher for LayerFetcher {
                 Some(early) => early.answer(&blob.digest).await,
                 None => None,
             };
-            if asked.is_some() {
-                blob.rejects.early_chunks.inc();
-            }
             let mut stream = match asked {
-                Some(stream) => stream,
+                Some(stream) => {
+                    blob.rejects.early_chunks.inc();
+                    stream
+                }
                 None => blob
                     .registry
                     .blob_range_stream(&blob.image, &blob.digest, chunk.offset..end)

@@ -206,7 +206,6 @@ async fn start_reading(program: std::path::PathBuf) -> Vec<u8> {
     .unwrap()
 }
 
-/// Waits (at most 20 s) until every chunk of `keys` is cached; `what` names them if not.
 /// The layer's fetched bytes once they have not changed for half a second.
 async fn quiet(blob: &strata_snapshotter::layer::Blob) -> u64 {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -222,6 +221,7 @@ async fn quiet(blob: &strata_snapshotter::layer::Blob) -> u64 {
     }
 }
 
+/// Waits (at most 20 s) until every chunk of `keys` is cached; `what` names them if not.
 async fn wait_cached(cache: &TieredCache, keys: &[strata_tiering::ChunkKey], what: &str) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while keys.iter().any(|k| cache.location(k).is_none()) {

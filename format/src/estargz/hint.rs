@@ -66,31 +66,41 @@ const MAX_AFTER: usize = 64;
 pub fn file_chunks(json: &[u8], path: &str, within: u64, data_end: u64) -> Option<Vec<std::ops::Range<u64>>> {
     let mut name = super::toc::normalise_name(path.trim_start_matches('/')).ok()?;
     for _ in 0..MAX_HOPS {
-        let (start, entry) = find_entry(json, &name)?;
+        let (entry, next) = find_entry(json, &name)?;
         match entry.kind.as_str() {
             "symlink" => name = link_target(&name, &entry.link_name)?,
-            "reg" => return chunk_ranges(json, start, &name, entry, within, data_end),
+            "reg" => return chunk_ranges(json, next, &name, entry, within, data_end),
             _ => return None,
         }
     }
     None
 }
 
-/// The entry named `name` and where its object starts, if it is written as stargz-snapshotter's
-/// and Strata's writers write one (its `"name"` first).
-fn find_entry(json: &[u8], name: &str) -> Option<(usize, ChunkEntry)> {
+/// The entry named `name`, and where the entry after it starts, if it is written as
+/// stargz-snapshotter's and Strata's writers write one (its `"name"` first).
+fn find_entry(json: &[u8], name: &str) -> Option<(ChunkEntry, Option<usize>)> {
     let needle = [name.as_bytes(), b"\""].concat();
     for at in memchr::memmem::find_iter(json, &needle) {
-        let Some(start) = entry_start(&json[..at]) else { continue };
-        let Some(Ok(entry)) = serde_json::Deserializer::from_slice(&json[start..]).into_iter::<ChunkEntry>().next()
-        else {
-            continue;
-        };
+        let Some((entry, next)) = entry_start(&json[..at]).and_then(|start| entry_at(json, start)) else { continue };
         if super::toc::normalise_name(&entry.name).as_deref() == Ok(name) && entry.kind != "chunk" {
-            return Some((start, entry));
+            return Some((entry, next));
         }
     }
     None
+}
+
+/// The entry object at `at` in `json`, and where the next one starts: past the comma after it,
+/// `None` at the end of the array.
+fn entry_at(json: &[u8], at: usize) -> Option<(ChunkEntry, Option<usize>)> {
+    let mut objects = serde_json::Deserializer::from_slice(&json[at..]).into_iter::<ChunkEntry>();
+    let entry = objects.next()?.ok()?;
+    let mut next = at + objects.byte_offset();
+    next += json[next..].iter().position(|b| !b.is_ascii_whitespace())?;
+    if json[next] != b',' {
+        return Some((entry, None));
+    }
+    next += 1 + json[next + 1..].iter().position(|b| !b.is_ascii_whitespace())?;
+    Some((entry, Some(next)))
 }
 
 /// Where a link at `name` to `target` leads, from the layer's root; `None` past the root.
@@ -113,10 +123,11 @@ fn link_target(name: &str, target: &str) -> Option<String> {
     Some(parts.join("/"))
 }
 
-/// The ranges of the chunks of `name`, whose entry `first` starts at `start` in `json`.
+/// The ranges of the chunks of `name`, whose entry `first` is followed by the one at `next` in
+/// `json`.
 fn chunk_ranges(
     json: &[u8],
-    start: usize,
+    mut next: Option<usize>,
     name: &str,
     first: ChunkEntry,
     within: u64,
@@ -126,20 +137,11 @@ fn chunk_ranges(
         return None;
     }
     let mut starts = vec![u64::try_from(first.offset).ok().filter(|&o| o > 0)?];
-    let mut at = start;
     let mut end = None;
     let mut entries = 0;
-    loop {
-        // The entry just read; then past the comma to the next one, or the array's end.
-        let mut objects = serde_json::Deserializer::from_slice(&json[at..]).into_iter::<ChunkEntry>();
-        let _ = objects.next()?.ok()?;
-        at += objects.byte_offset();
-        at += json[at..].iter().position(|b| !b.is_ascii_whitespace())?;
-        if json[at] != b',' {
-            break;
-        }
-        at += 1 + json[at + 1..].iter().position(|b| !b.is_ascii_whitespace())?;
-        let entry = serde_json::Deserializer::from_slice(&json[at..]).into_iter::<ChunkEntry>().next()?.ok()?;
+    while let Some(at) = next {
+        let (entry, after) = entry_at(json, at)?;
+        next = after;
         let offset = u64::try_from(entry.offset).unwrap_or(0);
         let last = *starts.last()?;
         if entry.kind == "chunk" && super::toc::normalise_name(&entry.name).as_deref() == Ok(name) {
