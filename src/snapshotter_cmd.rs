@@ -45,6 +45,7 @@ pub async fn start(
             memory_budget: cfg.layer_memory_budget.0,
             prefetch_timeout: cfg.prefetch_timeout.0,
             prefetch_async_size: cfg.prefetch_async_size.0,
+            prefetch_wait: cfg.prefetch_wait,
             background_fetch: cfg.background_fetch,
             background_quiet: cfg.background_quiet.0,
             fetch_whole: cfg.fetch_whole,

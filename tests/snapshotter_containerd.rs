@@ -349,6 +349,37 @@ fn prefetch_waits(node: &Node) -> (u64, f64) {
     )
 }
 
+/// Once `layer`'s prefetch is done, checks that the layer fetched no more than its region: no
+/// read fetched a chunk of it a second time.
+fn region_fetched_once(node: &Node, layer: &str) {
+    let base = node.layer_when(layer, |l| l["prefetch"] == "done");
+    let (fetched, region) = (base["fetched_bytes"].as_u64().unwrap(), base["prefetch_bytes"].as_u64().unwrap());
+    assert!(fetched <= region, "no second fetch: {base:#}");
+}
+
+/// Runs `ctr run --rm IMAGE NAME busybox echo hi` on `node` while watching containerd's tasks
+/// and the layer's prefetch: whether the container's task was seen while the prefetch was
+/// still on the wire. The run's output is checked.
+fn task_seen_before_prefetch(node: &Node, image: &str, name: &str, layer: &str) -> bool {
+    std::thread::scope(|s| {
+        let run =
+            s.spawn(|| node.ctr(&["run", "--rm", "--snapshotter", "strata", image, name, "busybox", "echo", "hi"]));
+        let mut seen = false;
+        while !run.is_finished() {
+            // The task is listed first, the prefetch read after: a task listed before a
+            // report that says "running" existed while the region was on the wire.
+            let tasks = node.containerd.ctr(&["task", "ls", "-q"]);
+            let listed = String::from_utf8_lossy(&tasks.stdout).lines().any(|l| l.trim() == name);
+            let reports = node.layers_report();
+            let running = reports.iter().any(|l| l["layer"] == layer && l["prefetch"] == "running");
+            seen |= listed && running;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(run.join().unwrap(), "hi\n");
+        seen
+    })
+}
+
 #[test]
 #[ignore = "needs root, containerd, runc, ctr-remote and the test registry: run by .ci/run"]
 fn a_container_waits_for_its_layers_prefetch_and_the_pull_does_not() {
@@ -366,19 +397,28 @@ fn a_container_waits_for_its_layers_prefetch_and_the_pull_does_not() {
     assert_eq!((&base["lazy"], &base["prefetch"]), (&true.into(), &"running".into()), "{base:#}");
     assert_eq!(prefetch_waits(&node).0, 0, "no container has started yet");
 
-    // The container's Prepare waits for it, and the container then reads nothing more.
-    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "waited", "busybox", "echo", "hi"]);
-    assert_eq!(out, "hi\n");
+    // containerd and runc set the container up meanwhile; its first read of busybox, which
+    // is not here yet, waits for the region, and the container then reads nothing more.
+    assert!(
+        task_seen_before_prefetch(&node, &image, "waited", &layers[0]),
+        "the container's task was set up while the region was on the wire"
+    );
+    let (count, seconds) = prefetch_waits(&node);
+    assert!(count >= 1 && seconds >= 1.0, "the container's read waited for the prefetch: {count} waits, {seconds} s");
+    region_fetched_once(&node, &layers[0]);
+
+    // With `prefetch_wait = "prepare"`, the container's Prepare waits for the region, so
+    // containerd has no task for it until the region is in.
+    let node = Node::start_with("background_fetch = false\nprefetch_wait = \"prepare\"");
+    let out = node.containerd.ctr_remote(&["image", "rpull", "--plain-http", "--snapshotter", "strata", &image]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!task_seen_before_prefetch(&node, &image, "prepared", &layers[0]), "no task before the region was in");
     let (count, seconds) = prefetch_waits(&node);
     assert!(
-        count >= 1 && seconds >= 1.0,
+        count == 1 && seconds >= 1.0,
         "the container's Prepare waited for the prefetch: {count} waits, {seconds} s"
     );
-    let base = node.layer_when(&layers[0], |l| l["prefetch"] == "done");
-    assert!(
-        base["fetched_bytes"].as_u64().unwrap() <= base["prefetch_bytes"].as_u64().unwrap(),
-        "no second fetch: {base:#}"
-    );
+    region_fetched_once(&node, &layers[0]);
 
     // With a shorter timeout than the link's delay, the container starts anyway, says so in the
     // log, and its reads wait for the prefetch in flight rather than fetching the bytes again.
@@ -388,12 +428,8 @@ fn a_container_waits_for_its_layers_prefetch_and_the_pull_does_not() {
     let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "late", "busybox", "echo", "hi"]);
     assert_eq!(out, "hi\n");
     let log = node.daemon.log();
-    assert!(log.contains("prefetch not done in time; the container starts anyway"), "{log}");
-    let base = node.layer_when(&layers[0], |l| l["prefetch"] == "done");
-    assert!(
-        base["fetched_bytes"].as_u64().unwrap() <= base["prefetch_bytes"].as_u64().unwrap(),
-        "no second fetch: {base:#}"
-    );
+    assert!(log.contains("prefetch not done in time; reads fetch on demand from now on"), "{log}");
+    region_fetched_once(&node, &layers[0]);
 
     // A region over `prefetch_async_size` is not waited for at all (0: none is): the
     // container's Prepare goes on at once, and its reads wait for the region in flight instead
@@ -406,9 +442,7 @@ fn a_container_waits_for_its_layers_prefetch_and_the_pull_does_not() {
     assert_eq!(prefetch_waits(&node).0, 0, "no container waited for a region over the async size");
     let log = node.daemon.log();
     assert!(log.contains("prefetch region over prefetch_async_size; the container does not wait for it"), "{log}");
-    let base = node.layer_when(&layers[0], |l| l["prefetch"] == "done");
-    let (fetched, region) = (base["fetched_bytes"].as_u64().unwrap(), base["prefetch_bytes"].as_u64().unwrap());
-    assert!(fetched <= region, "no second fetch: {base:#}");
+    region_fetched_once(&node, &layers[0]);
 }
 
 #[test]

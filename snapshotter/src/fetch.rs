@@ -98,6 +98,14 @@ impl Fetcher for LayerFetcher {
             blob.demand.fetch_add(1, Ordering::Relaxed);
             let _demand = DemandGuard(blob.clone());
             let _busy = blob.activity.read();
+            // Nothing is fetched on demand beside the layer's prefetch region: the read waits
+            // for it, and then most likely finds its chunk cached.
+            if let Some(gate) = blob.region.get()
+                && gate.pass(&blob.digest).await
+                && let Some(bytes) = local(&blob, &key).await
+            {
+                return Ok(bytes);
+            }
             // Another read may start fetching this chunk between the wait and the choice of
             // a range; the choice then says so, and this read waits for that fetch instead. A
             // range may also have cached it and ended since the cache missed it: the choice says

@@ -70,6 +70,10 @@ impl Progress {
         tokio::time::timeout(limit, rx.wait_for(|s| !matches!(s, Stage::Waiting | Stage::Running))).await.is_ok()
     }
 
+    pub(crate) fn set_prefetch(&self, stage: Stage) {
+        self.prefetch.send_replace(stage);
+    }
+
     fn fail(&self, stage: &watch::Sender<Stage>, why: String) {
         *self.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
         stage.send_replace(Stage::Failed);
@@ -101,13 +105,13 @@ pub async fn fill(
     let runtime = fetch_runtime_files(&blob, &cache, &runtime, &progress);
     match region_end {
         Some(end) => {
-            progress.prefetch.send_replace(Stage::Running);
+            progress.set_prefetch(Stage::Running);
             let region: Vec<&(String, Chunk)> = pieces.iter().filter(|(_, c)| c.compressed_end <= end).collect();
             let early = early.and_then(|e| e.confirmed(end, &blob.digest));
             let (fetched, ()) = tokio::join!(fetch_group(&blob, &cache, &region, &progress, true, early), runtime);
             match fetched {
                 Ok(()) => {
-                    progress.prefetch.send_replace(Stage::Done);
+                    progress.set_prefetch(Stage::Done);
                 }
                 Err(e) => {
                     tracing::warn!(layer = %blob.digest, error = %e, "prefetch failed; reads fetch on demand");
@@ -116,7 +120,7 @@ pub async fn fill(
             }
         }
         None => {
-            progress.prefetch.send_replace(Stage::None);
+            progress.set_prefetch(Stage::None);
             runtime.await;
         }
     }

@@ -68,6 +68,8 @@ pub struct Blob {
     /// Requests for chunks made before the TOC was parsed (the image's program's), each taken
     /// by the first fetch of the range it was made for.
     early: std::sync::Mutex<Vec<crate::early::EarlyPrefetch>>,
+    /// Where reads wait for the layer's prefetch region, if a container start waits for it.
+    pub(crate) region: std::sync::OnceLock<crate::gate::RegionGate>,
 }
 
 impl Blob {
@@ -89,6 +91,7 @@ impl Blob {
             layers: Default::default(),
             lower: Default::default(),
             early: Default::default(),
+            region: Default::default(),
         }
     }
 

@@ -7,6 +7,7 @@
 use crate::early::{Asking, EarlyPrefetch};
 use crate::error::SnapshotError;
 use crate::fill::{self, Progress};
+use crate::gate::RegionGate;
 use crate::layer::Blob;
 use crate::model::Mount;
 use crate::overlay::Snapshotter;
@@ -21,6 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use strata_cachefs::Mounted;
 use strata_tiering::TieredCache;
+use strata_tiering::config::PrefetchWait;
 use tokio::sync::Mutex;
 
 /// Marks a snapshot Strata mounted from a registry (the value stargz-snapshotter uses too).
@@ -230,8 +232,9 @@ impl Lazy {
                         commit_labels.insert(REMOTE_LABEL.into(), REMOTE_VALUE.into());
                         let done = self.commit(inner, key, &target, commit_labels, Some(id), "lazy").await?;
                         // The prefetch goes on meanwhile: the pull is not held up by it, and a
-                        // container waits for it at its own Prepare (`wait_prefetch`), so the
-                        // prefetch overlaps the rest of the pull and the other layers' fetches.
+                        // container waits for it at its reads (`crate::gate`) or its own Prepare
+                        // (`wait_prefetch`), so the prefetch overlaps the rest of the pull and
+                        // the other layers' fetches.
                         tracing::info!(
                             layer = %src.digest,
                             image = %src.image,
@@ -438,6 +441,19 @@ impl Lazy {
         let blob = ns.blob().clone();
         let prefetch_bytes = fill::prefetch_size(&ns);
         let progress = Arc::new(Progress::new(ns.piece_count() as u64));
+        match prefetch_bytes {
+            Some(size) if size > self.opts.prefetch_async_size => tracing::info!(
+                layer = %src.digest,
+                bytes = size,
+                limit = self.opts.prefetch_async_size,
+                "prefetch region over prefetch_async_size; the container does not wait for it"
+            ),
+            Some(size) if size > 0 && self.opts.prefetch_wait == PrefetchWait::Read => {
+                let waited = self.opts.metrics.prefetch_wait_seconds.clone();
+                let _ = blob.region.set(RegionGate::new(progress.clone(), self.opts.prefetch_timeout, waited));
+            }
+            _ => {}
+        }
         // The prefetch request goes out before the mount is made: it is what a container will
         // wait for, and the mount takes a few milliseconds of its own.
         let _ = blob.cache.set(self.cache.clone());
@@ -641,28 +657,23 @@ impl Lazy {
         Ok(chain)
     }
 
-    /// Before a container starts on the snapshots `chain` (from `ensure_chain`), waits until
-    /// what each lazy layer marked for start-up (its prefetch region) is here: all layers at
-    /// once, for at most `prefetch_timeout`, and not for regions over `prefetch_async_size`. A
-    /// region not in by then is logged, and the container starts anyway, its reads fetching on
-    /// demand.
+    /// With `prefetch_wait = "prepare"`, before a container starts on the snapshots `chain`
+    /// (from `ensure_chain`), waits until what each lazy layer marked for start-up (its
+    /// prefetch region) is here: all layers at once, for at most `prefetch_timeout`, and not for
+    /// regions over `prefetch_async_size`. A region not in by then is logged, and the container
+    /// starts anyway, its reads fetching on demand. By default the container's reads wait
+    /// instead ([`crate::gate`]).
     pub async fn wait_prefetch(&self, chain: &[u64]) {
+        if self.opts.prefetch_wait != PrefetchWait::Prepare {
+            return;
+        }
         let waits: Vec<(String, u64, Arc<Progress>)> = {
             let mounts = self.mounts.lock().await;
             chain
                 .iter()
                 .filter_map(|id| mounts.get(id))
                 .filter_map(|l| {
-                    let size = l.prefetch_bytes?;
-                    if size > self.opts.prefetch_async_size {
-                        tracing::info!(
-                            layer = %l.blob.digest,
-                            bytes = size,
-                            limit = self.opts.prefetch_async_size,
-                            "prefetch region over prefetch_async_size; the container does not wait for it"
-                        );
-                        return None;
-                    }
+                    let size = l.prefetch_bytes.filter(|&n| n <= self.opts.prefetch_async_size)?;
                     Some((l.blob.digest.clone(), size, l.progress.clone()))
                 })
                 .collect()

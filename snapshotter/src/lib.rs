@@ -12,6 +12,7 @@ pub mod error;
 pub mod fetch;
 pub mod fill;
 pub mod filter;
+pub mod gate;
 pub mod layer;
 pub mod lazy;
 pub mod loader;

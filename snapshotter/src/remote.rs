@@ -45,10 +45,12 @@ pub struct RemoteOptions {
     /// Bytes of chunk reads in flight per mounted layer.
     pub memory_budget: u64,
     pub threads: usize,
-    /// How long Prepare waits for a layer's prefetch region before letting the container start.
+    /// How long a container waits for a layer's prefetch region before reading on demand.
     pub prefetch_timeout: Duration,
-    /// A prefetch region larger than this is fetched without making Prepare wait for it.
+    /// A prefetch region larger than this is fetched without a container waiting for it.
     pub prefetch_async_size: u64,
+    /// Whether a container waits for the regions at its reads or in its Prepare.
+    pub prefetch_wait: strata_tiering::config::PrefetchWait,
     /// Fetch the rest of each layer in the background, after the prefetch.
     pub background_fetch: bool,
     /// How long the node must have had no container reads before background fill starts.
@@ -75,6 +77,7 @@ impl Default for RemoteOptions {
             threads: 2,
             prefetch_timeout: Duration::from_secs(10),
             prefetch_async_size: 512 << 20,
+            prefetch_wait: Default::default(),
             background_fetch: true,
             background_quiet: Duration::from_secs(1),
             activity: Default::default(),

@@ -204,7 +204,8 @@ impl proto::snapshots_server::Snapshots for SnapshotService {
         if let Some(p) = &parent_key {
             let chain = self.ensure_chain("prepare", p).await?;
             // A container's snapshot (not a layer containerd unpacks, which names its target):
-            // it starts once its layers' start-up bytes are here.
+            // with `prefetch_wait = "prepare"`, it starts once its layers' start-up bytes are
+            // here; by default its reads wait for them instead.
             if let Some(lazy) = &self.lazy
                 && !labels.contains_key(lazy::TARGET_LABEL)
             {

@@ -66,12 +66,16 @@ pub struct SnapshotterConfig {
     /// Bytes of chunk reads in flight per mounted layer.
     #[serde(default = "default_layer_memory")]
     pub layer_memory_budget: ByteSize,
-    /// How long a layer's Prepare waits for its prefetch region (before `.prefetch.landmark`).
+    /// How long a container waits for a layer's prefetch region (before `.prefetch.landmark`).
     #[serde(default = "default_prefetch_timeout")]
     pub prefetch_timeout: Dur,
     /// A prefetch region larger than this is fetched without holding the container back.
     #[serde(default = "default_prefetch_async")]
     pub prefetch_async_size: ByteSize,
+    /// Where a container waits for its layers' prefetch regions: at its first read of a byte
+    /// not yet here (`read`), or in its Prepare, before containerd sets it up (`prepare`).
+    #[serde(default)]
+    pub prefetch_wait: PrefetchWait,
     /// After the prefetch, fetch the rest of each lazy layer in the background.
     #[serde(default = "yes")]
     pub background_fetch: bool,
@@ -103,12 +107,25 @@ impl Default for SnapshotterConfig {
             layer_memory_budget: default_layer_memory(),
             prefetch_timeout: default_prefetch_timeout(),
             prefetch_async_size: default_prefetch_async(),
+            prefetch_wait: PrefetchWait::default(),
             background_fetch: true,
             background_quiet: default_background_quiet(),
             fetch_whole: true,
             fetch_image_program: true,
         }
     }
+}
+
+/// Where a container start waits for its lazy layers' prefetch regions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PrefetchWait {
+    /// A read of a layer byte not yet here waits for the layer's region; containerd and runc
+    /// set the container up meanwhile.
+    #[default]
+    Read,
+    /// The container's Prepare waits for all its layers' regions, as stargz-snapshotter does.
+    Prepare,
 }
 
 fn default_background_quiet() -> Dur {
@@ -525,6 +542,12 @@ mod tests {
         assert_eq!(e.key, "snapshotter.root");
         let e = Config::from_toml("[snapshotter]\nenable = true\n").unwrap_err();
         assert_eq!(e.key, "snapshotter.enable");
+        assert_eq!(c.snapshotter.prefetch_wait, PrefetchWait::Read);
+        let c = Config::from_toml("[snapshotter]\nprefetch_wait = \"prepare\"\n").unwrap();
+        assert_eq!(c.snapshotter.prefetch_wait, PrefetchWait::Prepare);
+        let e = Config::from_toml("[snapshotter]\nprefetch_wait = \"start\"\n").unwrap_err();
+        assert_eq!(e.key, "snapshotter.prefetch_wait");
+        assert!(e.message.contains("`read`") && e.message.contains("`prepare`"), "{e}");
     }
 
     #[test]

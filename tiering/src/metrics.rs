@@ -95,7 +95,7 @@ pub struct Metrics {
     pub snapshot_layers: Family<LayerLabel, Counter>,
     /// Chunks of lazy layers whose bytes did not decode to their TOC digest.
     pub layer_chunk_rejects: Counter,
-    /// How long container starts waited for their lazy layers' prefetch regions.
+    /// How long container reads, or Prepares, waited for their lazy layers' prefetch regions.
     pub prefetch_wait_seconds: FetchHistogram,
     /// Files of lazy layers fetched because a program starting from the layer links them.
     pub loader_files: Counter,
@@ -187,7 +187,7 @@ impl Metrics {
         );
         r.register(
             PREFETCH_WAIT_SECONDS,
-            "How long a container's Prepare waited for the prefetch regions of its lazy layers",
+            "How long container reads (or, with prefetch_wait = \"prepare\", container Prepares) waited for lazy layers' prefetch regions",
             self.prefetch_wait_seconds.0.clone(),
         );
     }
