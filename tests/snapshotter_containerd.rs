@@ -324,7 +324,7 @@ fn the_prefetch_region_is_fetched_in_one_read_and_serves_the_start() {
     assert_eq!(out, "hi\n");
     let reports = node.layers_report();
     let base = reports.iter().find(|l| l["layer"] == layers[0].as_str()).unwrap_or_else(|| panic!("{reports:#?}"));
-    assert_eq!(base["prefetch"], "done", "the container started once its prefetch was in: {base:#}");
+    assert_eq!(base["prefetch"], "done", "the container read busybox once its prefetch was in: {base:#}");
     let prefetch = base["prefetch_bytes"].as_u64().unwrap();
     let fetched = base["fetched_bytes"].as_u64().unwrap();
     assert!(fetched > 0 && fetched <= prefetch, "the prefetch region, and no more: {base:#}");
