@@ -30,6 +30,13 @@ pub enum Stage {
     Failed,
 }
 
+impl Stage {
+    /// Not over yet: still to start, or running.
+    pub fn pending(&self) -> bool {
+        matches!(self, Stage::Waiting | Stage::Running)
+    }
+}
+
 /// Progress of one layer's fill, as `strata image layers` shows it.
 #[derive(Debug)]
 pub struct Progress {
@@ -67,7 +74,7 @@ impl Progress {
     /// Returns whether it is over.
     pub async fn prefetched(&self, limit: Duration) -> bool {
         let mut rx = self.prefetch.subscribe();
-        tokio::time::timeout(limit, rx.wait_for(|s| !matches!(s, Stage::Waiting | Stage::Running))).await.is_ok()
+        tokio::time::timeout(limit, rx.wait_for(|s| !s.pending())).await.is_ok()
     }
 
     pub(crate) fn set_prefetch(&self, stage: Stage) {

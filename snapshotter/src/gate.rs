@@ -4,7 +4,7 @@
 //! container's Prepare, lets containerd and runc set the container up while the region's last
 //! bytes arrive: what is here already (the region's first files, `/etc/passwd`) is read at once.
 
-use crate::fill::{Progress, Stage};
+use crate::fill::Progress;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -32,7 +32,7 @@ impl RegionGate {
         if self.open.load(Ordering::Acquire) {
             return false;
         }
-        if !matches!(self.progress.prefetch(), Stage::Waiting | Stage::Running) {
+        if !self.progress.prefetch().pending() {
             self.open.store(true, Ordering::Release);
             return false;
         }
@@ -52,6 +52,7 @@ impl RegionGate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fill::Stage;
 
     #[tokio::test]
     async fn reads_wait_for_the_region_then_never_again() {

@@ -441,14 +441,14 @@ impl Lazy {
         let blob = ns.blob().clone();
         let prefetch_bytes = fill::prefetch_size(&ns);
         let progress = Arc::new(Progress::new(ns.piece_count() as u64));
-        match prefetch_bytes {
-            Some(size) if size > self.opts.prefetch_async_size => tracing::info!(
+        match (prefetch_bytes, self.waited_region(prefetch_bytes)) {
+            (Some(size), None) if size > 0 => tracing::info!(
                 layer = %src.digest,
                 bytes = size,
                 limit = self.opts.prefetch_async_size,
                 "prefetch region over prefetch_async_size; the container does not wait for it"
             ),
-            Some(size) if size > 0 && self.opts.prefetch_wait == PrefetchWait::Read => {
+            (_, Some(_)) if self.opts.prefetch_wait == PrefetchWait::Read => {
                 let waited = self.opts.metrics.prefetch_wait_seconds.clone();
                 let _ = blob.region.set(RegionGate::new(progress.clone(), self.opts.prefetch_timeout, waited));
             }
@@ -673,7 +673,7 @@ impl Lazy {
                 .iter()
                 .filter_map(|id| mounts.get(id))
                 .filter_map(|l| {
-                    let size = l.prefetch_bytes.filter(|&n| n <= self.opts.prefetch_async_size)?;
+                    let size = self.waited_region(l.prefetch_bytes)?;
                     Some((l.blob.digest.clone(), size, l.progress.clone()))
                 })
                 .collect()
@@ -692,6 +692,12 @@ impl Lazy {
             }
         }
         tracing::debug!(layers = waits.len(), ?waited, "waited for the prefetch of the container's layers");
+    }
+
+    /// The bytes of a layer's prefetch region (`size`, from [`fill::prefetch_size`]) that a
+    /// container waits for: none for an empty region or one over `prefetch_async_size`.
+    fn waited_region(&self, size: Option<u64>) -> Option<u64> {
+        size.filter(|&n| n > 0 && n <= self.opts.prefetch_async_size)
     }
 
     async fn alive(&self, id: u64) -> bool {
