@@ -61,6 +61,10 @@ pub struct MountArgs {
     /// this size.
     #[arg(long, default_value = "16MiB", value_parser = ByteSize::parse)]
     part_size: ByteSize,
+    /// The largest object the store copies in one request (S3's limit). A rename of a larger
+    /// file that the store refuses to copy at once is copied in parts.
+    #[arg(long, default_value = "5GiB", value_parser = ByteSize::parse)]
+    single_copy_limit: ByteSize,
     /// Multipart parts uploaded at once.
     #[arg(long, default_value_t = 4)]
     upload_parallel: usize,
@@ -93,8 +97,13 @@ pub struct MountArgs {
 }
 
 fn cold_config(a: &MountArgs) -> anyhow::Result<ColdConfig> {
-    let mut c =
-        ColdConfig { chunk_size: a.chunk_size, timeout: a.timeout, retries: a.retries, ..ColdConfig::default() };
+    let mut c = ColdConfig {
+        chunk_size: a.chunk_size,
+        timeout: a.timeout,
+        retries: a.retries,
+        single_copy_limit: a.single_copy_limit,
+        ..ColdConfig::default()
+    };
     if let Some(rest) = a.source.strip_prefix("s3://") {
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         if bucket.is_empty() {

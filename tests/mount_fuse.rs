@@ -392,6 +392,64 @@ fn fuse_root_rgw_checkpoint_round_trip_2gib() {
     delete(&rgw, &format!("{prefix}run1/model.pt"));
 }
 
+fn etag(rgw: &Rgw, key: &str) -> String {
+    use object_store::ObjectStoreExt;
+    let meta = rt().block_on(rgw.store().head(&object_store::path::Path::from(key))).unwrap();
+    meta.e_tag.unwrap_or_default()
+}
+
+/// S3 copies at most 5 GiB in one request, and a checkpoint is often larger. A proxy in front
+/// of RGW answers single copies as S3 answers one over that limit (RGW itself copies any size
+/// at once), and the mount's limit is lowered to 64 MiB so that a 200 MiB file stands in for a
+/// large checkpoint: its rename is copied in parts, by RGW, and reads back identical. A file
+/// under the limit whose copy is refused keeps its name, whole, and the rename fails with EIO.
+/// Without the refusal, a file over the limit is still copied in one request.
+#[test]
+#[ignore = "needs root, /dev/fuse and Ceph RGW: run by .ci/run"]
+fn fuse_root_rgw_rename_of_a_file_the_store_will_not_copy_at_once_is_copied_in_parts() {
+    use common::faulty::{Fault, FaultyRegistry};
+    use std::io::Write;
+    let rgw = Rgw::from_env();
+    let proxy = FaultyRegistry::start(rgw.endpoint.trim_start_matches("http://"));
+    proxy.set(Fault::RefuseSingleCopies);
+    let prefix = unique_prefix("partcopy");
+    let source = format!("s3://{}/{}", rgw.bucket, prefix.trim_end_matches('/'));
+    let endpoint = format!("http://{}", proxy.addr);
+    let mut m =
+        Mount::start(&source, &["--endpoint", &endpoint, "--region", "us-east-1", "--single-copy-limit", "64MiB"]);
+    let key = |rel: &str| format!("{prefix}{rel}");
+
+    let big = data(0x9A27, 200 << 20);
+    let mut f = std::fs::File::create(m.path("model.pt.tmp")).unwrap();
+    f.write_all(&big).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    std::fs::rename(m.path("model.pt.tmp"), m.path("model.pt")).expect("a refused copy over the limit goes in parts");
+    assert_eq!(head(&rgw, &key("model.pt.tmp")), None, "the old name is gone");
+    assert_eq!(sha(&get(&rgw, &key("model.pt"))), sha(&big), "the copy in RGW equals what was written");
+    assert!(etag(&rgw, &key("model.pt")).trim_matches('"').ends_with("-4"), "four 64 MiB part copies");
+    assert!(m.log().contains("copying it in parts"), "{}", m.log());
+    let mut read = Vec::new();
+    std::fs::File::open(m.path("model.pt")).unwrap().read_to_end(&mut read).unwrap();
+    assert!(read == big, "the mount reads the renamed file back identical");
+
+    std::fs::write(m.path("small.tmp"), b"under the limit").unwrap();
+    let err = std::fs::rename(m.path("small.tmp"), m.path("small")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(5), "a refused copy under the limit is EIO");
+    assert_eq!(get(&rgw, &key("small.tmp")), b"under the limit", "the file keeps its name, whole");
+    assert_eq!(head(&rgw, &key("small")), None);
+    assert!(m.log().contains("InvalidRequest") || m.log().contains("copy source is larger"), "{}", m.log());
+
+    proxy.set(Fault::None);
+    let before = etag(&rgw, &key("model.pt"));
+    std::fs::rename(m.path("model.pt"), m.path("model2.pt")).unwrap();
+    assert_eq!(etag(&rgw, &key("model2.pt")), before, "a store that copies it at once gets one request");
+    assert_eq!(m.log().matches("copying it in parts").count(), 1, "{}", m.log());
+    m.stop();
+    delete(&rgw, &key("model2.pt"));
+    delete(&rgw, &key("small.tmp"));
+}
+
 /// Small-file write semantics through the mount, checked against what RGW holds.
 #[test]
 #[ignore = "needs root, /dev/fuse and Ceph RGW: run by .ci/run"]

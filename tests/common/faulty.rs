@@ -1,5 +1,6 @@
-//! A fault-injecting proxy in front of the test registry, for tests of what Strata does when a
-//! registry misbehaves: it can refuse requests for some paths (a registry gone mid-pull), or
+//! A fault-injecting proxy in front of the test registry or RGW, for tests of what Strata does
+//! when a server misbehaves or has limits this one lacks: it can refuse requests for some paths
+//! (a registry gone mid-pull), or refuse single-request copies (S3's 5 GiB copy limit), or
 //! flip a byte in every ranged answer (a registry serving corrupt bytes), or cut blob answers
 //! short (a truncated blob), or refuse uploads after the first few (a push that fails part-way),
 //! or hold ranged answers back (a slow link), or ignore suffix ranges (an older server).
@@ -32,6 +33,9 @@ pub enum Fault {
     /// blob's first byte (`bytes=N-M` with N > 0, or a suffix `bytes=-N`: the read of a blob's
     /// end, a TOC or a chunk), then the rest this much later: a large answer still on its way.
     StallMidway(std::time::Duration),
+    /// Answer every single-request copy (a PUT with `x-amz-copy-source` that is not a part of
+    /// a multipart upload) as S3 answers one of a source over 5 GiB: 400 `InvalidRequest`.
+    RefuseSingleCopies,
     /// Drop suffix ranges (`bytes=-N`) from requests, so the whole blob comes back with 200, as
     /// from a server that does not know them.
     NoSuffixRanges,
@@ -112,6 +116,19 @@ fn relay(
         && (paths.is_empty() || paths.iter().any(|p| request_line.contains(p.as_str())))
     {
         return Ok(()); // dropped: the client sees the connection closed
+    }
+    if now == Fault::RefuseSingleCopies
+        && text.to_ascii_lowercase().contains("\r\nx-amz-copy-source:")
+        && !request_line.contains("partNumber=")
+    {
+        let body = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>InvalidRequest</Code><Message>The \
+                    specified copy source is larger than the maximum allowable size for a copy source: \
+                    5368709120</Message></Error>";
+        let answer = format!(
+            "HTTP/1.1 400 Bad Request\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        return client.write_all(answer.as_bytes());
     }
     let is_suffix_range = |l: &str| l.to_ascii_lowercase().replace(' ', "").starts_with("range:bytes=-");
     let mut rewritten: String = text

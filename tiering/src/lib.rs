@@ -16,6 +16,7 @@ mod error;
 mod index;
 pub mod key;
 pub mod metrics;
+mod partcopy;
 pub mod pattern;
 pub mod policy;
 mod restore;

@@ -7,6 +7,7 @@
 use crate::cache::Fetcher;
 use crate::error::FetchError;
 use crate::key::{ChunkKey, Identity};
+use crate::partcopy::{CopySource, PartCopier};
 use crate::units::{ByteSize, Dur};
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -66,6 +67,10 @@ pub struct ColdConfig {
     /// Chunk size for objects.
     #[serde(default = "default_chunk")]
     pub chunk_size: ByteSize,
+    /// The largest object the store copies in one request (S3's limit). A rename of a larger
+    /// object that the store refuses to copy at once is copied in parts.
+    #[serde(default = "default_single_copy_limit")]
+    pub single_copy_limit: ByteSize,
 }
 
 fn yes() -> bool {
@@ -82,6 +87,10 @@ fn default_retries() -> usize {
 }
 fn default_chunk() -> ByteSize {
     ByteSize::mib(1)
+}
+
+fn default_single_copy_limit() -> ByteSize {
+    ByteSize::gib(5)
 }
 
 impl Default for ColdConfig {
@@ -104,6 +113,8 @@ pub enum SourceError {
     Short { path: String, store: String, offset: u64, expected: u64, got: u64 },
     #[error("chunk key {0} is not an object chunk")]
     NotObjectKey(String),
+    #[error("copying to {to} in parts failed: {message}")]
+    CopyParts { to: String, message: String },
     #[error("local file {path}: {source}")]
     Local { path: String, source: std::io::Error },
 }
@@ -140,6 +151,8 @@ pub struct ObjectSource {
     timeout: Dur,
     /// The directory of a local store: its directories exist even when empty.
     local_root: Option<std::path::PathBuf>,
+    /// Copies in parts, for an S3 store.
+    pub(crate) parts: Option<Arc<PartCopier>>,
 }
 
 impl ObjectSource {
@@ -149,6 +162,10 @@ impl ObjectSource {
         if c.chunk_size.0 < 4096 || c.chunk_size.0 > 256 << 20 {
             return Err(cfg_err("chunk_size", "must be between 4KiB and 256MiB".into()));
         }
+        if c.single_copy_limit.0 < 5 << 20 {
+            return Err(cfg_err("single_copy_limit", "must be at least 5MiB, S3's smallest part".into()));
+        }
+        let mut parts = None;
         let prefix = c.prefix.trim_matches('/').to_string();
         let (store, describe): (Arc<dyn ObjectStore>, String) = match c.kind {
             ColdKind::Local => {
@@ -207,7 +224,7 @@ impl ObjectSource {
                 // with_client_options replaces the whole option set, allow_http included, so it
                 // must come before with_allow_http.
                 b = b
-                    .with_client_options(opts)
+                    .with_client_options(opts.clone())
                     .with_allow_http(c.allow_http)
                     .with_virtual_hosted_style_request(!c.path_style)
                     .with_retry(RetryConfig {
@@ -215,16 +232,28 @@ impl ObjectSource {
                         retry_timeout: c.timeout.0,
                         backoff: Default::default(),
                     });
-                let s3 = b.build().map_err(|e| cfg_err("bucket", e.to_string()))?;
+                use object_store::aws::AmazonS3ConfigKey as Key;
+                let region = b.get_config_value(&Key::Region).unwrap_or_else(|| "us-east-1".into());
+                let bucket_url = match (b.get_config_value(&Key::Endpoint), c.path_style) {
+                    (Some(e), true) => format!("{}/{bucket}", e.trim_end_matches('/')),
+                    (Some(e), false) => e.trim_end_matches('/').to_string(),
+                    (None, true) => format!("https://s3.{region}.amazonaws.com/{bucket}"),
+                    (None, false) => format!("https://{bucket}.s3.{region}.amazonaws.com"),
+                };
+                let s3 = Arc::new(b.build().map_err(|e| cfg_err("bucket", e.to_string()))?);
+                let opts = opts.with_allow_http(c.allow_http);
+                let copier = PartCopier::new(s3.clone(), &opts, bucket_url, region, c)
+                    .map_err(|e| cfg_err("endpoint", e.to_string()))?;
+                parts = Some(Arc::new(copier));
                 let at = c.endpoint.clone().unwrap_or_else(|| "AWS S3".into());
-                (Arc::new(s3), format!("s3://{bucket} at {at}"))
+                (s3, format!("s3://{bucket} at {at}"))
             }
         };
         let local_root = match c.kind {
             ColdKind::Local => Some(c.path.clone().unwrap_or_else(|| default_dir.to_path_buf())),
             ColdKind::S3 => None,
         };
-        Ok(ObjectSource { store, describe, prefix, chunk_size: c.chunk_size.0, timeout: c.timeout, local_root })
+        Ok(ObjectSource { store, describe, prefix, chunk_size: c.chunk_size.0, timeout: c.timeout, local_root, parts })
     }
 
     /// Where the bytes come from, for messages: `s3://bucket at http://host:port`.
@@ -437,12 +466,38 @@ impl ObjectSource {
         self.bounded("DELETE", path, self.store.delete(&loc)).await
     }
 
-    /// Server-side copy, then delete of the source: what S3 offers for a rename.
+    /// Server-side copy, then delete of the source: what S3 offers for a rename. The copy is
+    /// one request; an object over `single_copy_limit` that the store refuses to copy at once
+    /// is copied in parts. Stores that copy any size at once, as Ceph RGW does without moving
+    /// the data, keep the single request.
     pub async fn rename(&self, from: &str, to: &str) -> Result<ObjectInfo, SourceError> {
         let (a, b) = (self.location(from), self.location(to));
-        self.bounded("COPY", from, self.store.copy(&a, &b)).await?;
+        if let Err(refused) = self.bounded("COPY", from, self.store.copy(&a, &b)).await {
+            self.copy_in_parts(from, &a, &b, refused).await?;
+        }
         self.delete(from).await?;
         self.head(to).await
+    }
+
+    /// After the store refused a single copy: the copy in parts, if the object is over the
+    /// limit; the refusal otherwise.
+    async fn copy_in_parts(
+        &self,
+        from: &str,
+        a: &ObjPath,
+        b: &ObjPath,
+        refused: SourceError,
+    ) -> Result<(), SourceError> {
+        let Some(parts) = &self.parts else { return Err(refused) };
+        if matches!(refused, SourceError::Timeout { .. }) || refused.is_not_found() {
+            return Err(refused);
+        }
+        let src = self.head(from).await?;
+        if src.size <= parts.single_limit {
+            return Err(refused);
+        }
+        tracing::info!(from, to = %b, size = src.size, refused = %refused, "the store refused to copy the object in one request; copying it in parts");
+        parts.copy(CopySource { loc: a, size: src.size, etag: &src.version }, b).await
     }
 }
 
