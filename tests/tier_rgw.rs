@@ -245,3 +245,38 @@ fn rgw_unreachable_store_names_endpoint_within_timeout() {
         );
     }
 }
+
+/// S3 takes at most 10,000 parts per upload, so a file too large for that many parts of the
+/// configured size goes up in larger ones. The limit is lowered to 3 here, so that a 40 MiB
+/// file with 5 MiB parts reaches it: RGW gets 3 parts (its multipart ETag says how many) and
+/// holds the file's bytes.
+#[test]
+#[ignore = "needs Ceph RGW: run by .ci/run"]
+fn rgw_a_file_too_large_for_the_part_limit_goes_up_in_larger_parts() {
+    use object_store::ObjectStoreExt;
+    let rgw = Rgw::from_env();
+    let prefix = unique_prefix("partlimit");
+    let cold = strata_tiering::source::ColdConfig {
+        kind: strata_tiering::source::ColdKind::S3,
+        bucket: Some(rgw.bucket.clone()),
+        prefix: prefix.clone(),
+        endpoint: Some(rgw.endpoint.clone()),
+        region: Some("us-east-1".into()),
+        allow_http: true,
+        access_key_id: Some(rgw.access_key.clone()),
+        secret_access_key: Some(rgw.secret_key.clone()),
+        ..Default::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let source = strata_tiering::source::ObjectSource::new(&cold, dir.path()).unwrap().with_max_parts(3);
+    let file = dir.path().join("ckpt");
+    let body = data(0x3A9, 40 << 20);
+    std::fs::write(&file, &body).unwrap();
+    let info = rt().block_on(source.upload_file("ckpt", &file, 5 << 20, 4)).unwrap();
+    assert_eq!(info.size, body.len() as u64);
+    assert!(info.version.trim_matches('"').ends_with("-3"), "three parts, not eight: {}", info.version);
+    let loc = object_store::path::Path::from(format!("{prefix}ckpt"));
+    let got = rt().block_on(async { rgw.store().get(&loc).await.unwrap().bytes().await.unwrap() });
+    assert_eq!(sha(&got), sha(&body));
+    let _ = rt().block_on(rgw.store().delete(&loc));
+}

@@ -558,7 +558,7 @@ impl FsCore {
     fn start_staging(&self, ino: u64, path: &str) -> Result<Arc<tokio::sync::Mutex<Staged>>, FsError> {
         let dir = self.opts.staging_dir.as_ref().ok_or(FsError::NotSupported("this mount is read-only"))?;
         let id = self.next_stage.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let staged = Staged::create(dir, id, path, self.ns.streaming().map(|(part, _)| part))
+        let staged = Staged::create(dir, id, path, self.ns.streaming().map(|s| s.part))
             .map_err(|source| FsError::Stage { path: path.to_string(), source })?;
         let staged = Arc::new(tokio::sync::Mutex::new(staged));
         self.writers.lock().unwrap_or_else(|p| p.into_inner()).insert(ino, staged.clone());
@@ -1143,6 +1143,11 @@ mod tests_support {
 
     /// As [`setup`], with uploads in parts of `part_size` bytes, two in flight.
     pub fn setup_with_parts(dir: &std::path::Path, part_size: usize) -> FsCore {
+        setup_with_part_limit(dir, part_size, strata_tiering::source::MAX_PARTS)
+    }
+
+    /// As `setup_with_parts`, with a store that takes at most `max_parts` parts per upload.
+    pub fn setup_with_part_limit(dir: &std::path::Path, part_size: usize, max_parts: u64) -> FsCore {
         let cold = dir.join("cold");
         std::fs::create_dir_all(cold.join("d/e")).unwrap();
         let big: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
@@ -1150,7 +1155,7 @@ mod tests_support {
         std::fs::write(cold.join("d/e/small"), b"hi").unwrap();
         let cfg =
             ColdConfig { kind: ColdKind::Local, path: Some(cold), chunk_size: ByteSize(4096), ..ColdConfig::default() };
-        let source = ObjectSource::new(&cfg, dir).unwrap();
+        let source = ObjectSource::new(&cfg, dir).unwrap().with_max_parts(max_parts);
         let cache = TieredCache::open(CacheConfig {
             hot: TierConfig::new(dir.join("hot"), 1 << 20),
             warm: None,
@@ -1434,6 +1439,26 @@ mod write_tests {
         fs.release(fh).await.unwrap();
         let rfh = fs.open(a.ino, false, false).unwrap();
         assert_eq!(fs.read(rfh, 0, 60_000).await.unwrap(), &data[..]);
+    }
+
+    #[tokio::test]
+    async fn a_file_past_the_stores_part_limit_goes_up_whole_at_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = super::tests_support::setup_with_part_limit(dir.path(), 4096, 4);
+        let d = fs.lookup(ROOT, "d").await.unwrap();
+        let (a, fh) = fs.create(d.ino, "huge.bin").await.unwrap();
+        let data = pattern(50_000);
+        for (i, piece) in data.chunks(1000).enumerate() {
+            fs.write(fh, i as u64 * 1000, piece).await.unwrap();
+            if i == 10 {
+                assert_eq!(sent(&fs, a.ino).await, Some(8192), "parts go up while the file fits the limit");
+            }
+        }
+        assert_eq!(sent(&fs, a.ino).await, None, "the upload was given up before a fourth part of 4 KiB");
+        assert!(cold(dir.path(), "d/huge.bin").is_none(), "nothing is visible before flush");
+        fs.flush(fh).await.unwrap();
+        assert_eq!(cold(dir.path(), "d/huge.bin").unwrap(), data, "it went up whole, in parts of 12.5 KB");
+        fs.release(fh).await.unwrap();
     }
 
     #[tokio::test]

@@ -64,6 +64,17 @@ pub enum NsError {
     Other(String),
 }
 
+/// Parts of an upload sent while its file is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Streaming {
+    /// Bytes in each part.
+    pub part: u64,
+    /// Parts in flight.
+    pub parallel: usize,
+    /// The most parts the store takes in one upload.
+    pub max_parts: u64,
+}
+
 pub trait Namespace: Send + Sync + 'static {
     /// Where the files come from, for messages.
     fn describe(&self) -> String;
@@ -112,9 +123,9 @@ pub trait Namespace: Send + Sync + 'static {
         Box::pin(async move { Err(e) })
     }
 
-    /// Part size and parts in flight for uploads that start while a file is still being
-    /// written; `None` when files are only published whole.
-    fn streaming(&self) -> Option<(u64, usize)> {
+    /// How uploads that start while a file is still being written go; `None` when files are
+    /// only published whole.
+    fn streaming(&self) -> Option<Streaming> {
         None
     }
 

@@ -1,7 +1,7 @@
 //! The dataset namespace: a bucket prefix (or local directory) whose `/`-delimited keys become
 //! directories, served by ranged GETs keyed by ETag.
 
-use crate::namespace::{Namespace, Node, NodeKind, NsError};
+use crate::namespace::{Namespace, Node, NodeKind, NsError, Streaming};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use std::sync::Arc;
@@ -153,8 +153,8 @@ impl Namespace for ObjectNamespace {
         async move { Ok(Self::node(source.upload_file(&path, &staged, part, parallel).await?)) }.boxed()
     }
 
-    fn streaming(&self) -> Option<(u64, usize)> {
-        Some((self.part_size as u64, self.parallel))
+    fn streaming(&self) -> Option<Streaming> {
+        Some(Streaming { part: self.part_size as u64, parallel: self.parallel, max_parts: self.source.max_parts() })
     }
 
     fn begin_upload(&self, path: &str) -> BoxFuture<'static, Result<PartUpload, NsError>> {

@@ -5,11 +5,14 @@
 //! checkpoint is in the store soon after its last write, instead of one whole upload later.
 //!
 //! The object still appears only when the upload completes. A write or truncate behind what
-//! was sent, or a rename, gives the upload up, and the file is published whole as before. The
+//! was sent, or a rename, gives the upload up, and the file is published whole as before. So
+//! does a file that grows past what the store's part limit holds in parts of this size: S3
+//! takes 10,000 parts, 156 GiB in 16 MiB parts, and the whole upload at close picks parts
+//! large enough. The
 //! staging file is not synced for a streamed upload: the manifest records the content's CRC32C
 //! instead, so a restart uploads a staged file again only if a crash did not tear it.
 
-use crate::namespace::{Namespace, Node, NsError};
+use crate::namespace::{Namespace, Node, NsError, Streaming};
 use crate::staging::{Staged, Stream};
 use bytes::Bytes;
 use strata_tiering::chunkfile::Crc32c;
@@ -28,7 +31,7 @@ pub enum StreamError {
 /// the publish then uploads the file whole and reports what goes wrong. Returns how many parts
 /// it sent.
 pub async fn pump(ns: &dyn Namespace, s: &mut Staged) -> u64 {
-    let Some((part, parallel)) = ns.streaming() else { return 0 };
+    let Some(Streaming { part, parallel, max_parts }) = ns.streaming() else { return 0 };
     if !s.streamable || part == 0 {
         return 0;
     }
@@ -46,6 +49,11 @@ pub async fn pump(ns: &dyn Namespace, s: &mut Staged) -> u64 {
     };
     let mut parts = 0;
     while s.len >= st.sent + part {
+        // The last part number is kept for the tail that fsync or close sends.
+        if st.sent / part + 1 >= max_parts {
+            too_many_parts(s, part, max_parts);
+            return parts;
+        }
         if st.upload.in_flight() >= parallel {
             // Parts held in memory wait for the upload; past a few, so does the writer, rather
             // than memory filling with a file the store takes in more slowly than it is written.
@@ -69,6 +77,19 @@ pub async fn pump(ns: &dyn Namespace, s: &mut Staged) -> u64 {
     parts
 }
 
+/// Gives the upload up for a file that needs more parts than the store takes; it goes up whole
+/// at close, in larger parts.
+fn too_many_parts(s: &mut Staged, part: u64, max_parts: u64) {
+    tracing::info!(
+        path = %s.target,
+        parts = max_parts,
+        part_size = part,
+        "the file outgrows the store's part limit in parts of this size; it goes up whole at fsync or \
+         close instead (a larger part_size keeps files this large uploading while written)"
+    );
+    s.stop_streaming();
+}
+
 /// Sends the `len` bytes after what was sent as the next part: the part itself if the staged
 /// file still holds it in memory, else read back from the file.
 fn send_next(s: &mut Staged, st: &mut Stream, len: u64) -> std::io::Result<()> {
@@ -86,7 +107,11 @@ fn send_next(s: &mut Staged, st: &mut Stream, len: u64) -> std::io::Result<()> {
 /// content in the manifest, and completes the upload. `None` when there is no such upload.
 pub async fn finish(ns: &dyn Namespace, s: &mut Staged) -> Option<Result<Node, StreamError>> {
     let mut st = s.stream.take()?;
-    let (part, parallel) = ns.streaming()?;
+    let Streaming { part, parallel, max_parts } = ns.streaming()?;
+    if st.sent / part + (s.len - st.sent).div_ceil(part) > max_parts {
+        too_many_parts(s, part, max_parts);
+        return None;
+    }
     let sent: Result<(), StreamError> = async {
         while st.sent < s.len {
             st.upload.wait_for_room(parallel).await.map_err(NsError::from)?;

@@ -141,6 +141,9 @@ fn epoch() -> std::time::SystemTime {
     std::time::SystemTime::UNIX_EPOCH
 }
 
+/// The most parts S3 takes in one multipart upload.
+pub const MAX_PARTS: u64 = 10_000;
+
 /// The cold store of one bucket prefix or directory.
 #[derive(Debug, Clone)]
 pub struct ObjectSource {
@@ -151,6 +154,8 @@ pub struct ObjectSource {
     timeout: Dur,
     /// The directory of a local store: its directories exist even when empty.
     local_root: Option<std::path::PathBuf>,
+    /// The most parts one multipart upload may have: S3's 10,000.
+    max_parts: u64,
     /// Copies in parts, for an S3 store.
     pub(crate) parts: Option<Arc<PartCopier>>,
 }
@@ -253,7 +258,16 @@ impl ObjectSource {
             ColdKind::Local => Some(c.path.clone().unwrap_or_else(|| default_dir.to_path_buf())),
             ColdKind::S3 => None,
         };
-        Ok(ObjectSource { store, describe, prefix, chunk_size: c.chunk_size.0, timeout: c.timeout, local_root, parts })
+        Ok(ObjectSource {
+            store,
+            describe,
+            prefix,
+            chunk_size: c.chunk_size.0,
+            timeout: c.timeout,
+            local_root,
+            max_parts: MAX_PARTS,
+            parts,
+        })
     }
 
     /// Where the bytes come from, for messages: `s3://bucket at http://host:port`.
@@ -263,6 +277,17 @@ impl ObjectSource {
 
     pub fn chunk_size(&self) -> u64 {
         self.chunk_size
+    }
+
+    /// The most parts one multipart upload may have.
+    pub fn max_parts(&self) -> u64 {
+        self.max_parts
+    }
+
+    /// Lowers the part count limit, so tests reach it with small files.
+    pub fn with_max_parts(mut self, n: u64) -> Self {
+        self.max_parts = n.max(1);
+        self
     }
 
     pub fn store(&self) -> Arc<dyn ObjectStore> {
@@ -420,7 +445,8 @@ impl ObjectSource {
     }
 
     /// Uploads a local file as the object at `path`: one PUT up to `part_size`, a multipart
-    /// upload above it with `parallel` parts in flight. Either way the object appears only once
+    /// upload above it with `parallel` parts in flight, in parts of `part_size` or, for a file
+    /// too large for that many parts, of its size over the part limit. Either way the object appears only once
     /// it is complete, and a failed multipart upload is aborted. Returns the new object's info
     /// (read back with HEAD, because some stores answer a completed multipart upload with an
     /// empty ETag).
@@ -436,6 +462,7 @@ impl ObjectSource {
         let io_err = |e: std::io::Error| SourceError::Local { path: file.display().to_string(), source: e };
         let mut f = tokio::fs::File::open(file).await.map_err(io_err)?;
         let len = f.metadata().await.map_err(io_err)?.len();
+        let part_size = (part_size as u64).max(len.div_ceil(self.max_parts)) as usize;
         if len <= part_size as u64 {
             let mut buf = Vec::with_capacity(len as usize);
             f.read_to_end(&mut buf).await.map_err(io_err)?;
