@@ -64,7 +64,10 @@ if command -v cargo-nextest >/dev/null; then
   tt=$(grep -oE '[0-9]+ timed out' <<<"$summary" | grep -oE '[0-9]+' || echo 0)
   tf=$((tf + tt))
 else
-  cargo test --workspace --locked --no-fail-fast -- --include-ignored 2>&1 | tee "$OUT"
+  # One test at a time: the mount tests write through FUSE, and a process another test spawns
+  # meanwhile would inherit the open file and flush it at its exec. (nextest runs each test in
+  # its own process.)
+  cargo test --workspace --locked --no-fail-fast -- --include-ignored --test-threads 1 2>&1 | tee "$OUT"
   status=${PIPESTATUS[0]}
   tp=$(grep -E '^test result:' "$OUT" | grep -oE '[0-9]+ passed' | awk '{s += $1} END {print s + 0}')
   tf=$(grep -E '^test result:' "$OUT" | grep -oE '[0-9]+ failed' | awk '{s += $1} END {print s + 0}')

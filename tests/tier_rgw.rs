@@ -272,7 +272,9 @@ fn rgw_a_file_too_large_for_the_part_limit_goes_up_in_larger_parts() {
     let file = dir.path().join("ckpt");
     let body = data(0x3A9, 40 << 20);
     std::fs::write(&file, &body).unwrap();
-    let info = rt().block_on(source.upload_file("ckpt", &file, 5 << 20, 4)).unwrap();
+    let mut noted = None;
+    let info = rt().block_on(source.upload_file("ckpt", &file, 5 << 20, 4, |id| noted = Some(id.to_string()))).unwrap();
+    assert!(noted.is_some_and(|id| !id.is_empty()), "the caller gets the upload's ID, to abort it after a crash");
     assert_eq!(info.size, body.len() as u64);
     assert!(info.version.trim_matches('"').ends_with("-3"), "three parts, not eight: {}", info.version);
     let loc = object_store::path::Path::from(format!("{prefix}ckpt"));

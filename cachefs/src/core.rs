@@ -208,6 +208,17 @@ fn join(dir: &str, name: &str) -> String {
     if dir.is_empty() { name.to_string() } else { format!("{dir}/{name}") }
 }
 
+/// Records the ID of an upload of a staged file in its manifest, so that a restart after a
+/// crash aborts the upload; without it, the parts would stay in the store.
+fn note_upload(manifest: &std::path::Path) -> crate::namespace::UploadNote {
+    let manifest = manifest.to_path_buf();
+    Box::new(move |id: &str| {
+        if let Err(e) = staging::note_upload_in(&manifest, id) {
+            tracing::warn!(manifest = %manifest.display(), error = %e, "cannot record the upload's ID; a crash now would leave its parts in the store");
+        }
+    })
+}
+
 impl FsCore {
     pub fn new(ns: Arc<dyn Namespace>, cache: TieredCache, opts: FsOptions) -> FsCore {
         let root = ns.root().unwrap_or_else(|| Node::dir("", SystemTime::UNIX_EPOCH));
@@ -263,6 +274,16 @@ impl FsCore {
         let mut report = Vec::new();
         for l in staging::leftovers(dir) {
             let target = &l.manifest.target;
+            if let Some(id) = &l.manifest.upload {
+                // The upload that went on while the file was written: whatever happens to the
+                // file now, that upload is over.
+                match self.ns.abort_upload(target, id).await {
+                    Ok(()) => tracing::info!(path = %target, "a previous run's unfinished upload was aborted"),
+                    Err(e) => {
+                        tracing::warn!(path = %target, error = %e, "aborting a previous run's unfinished upload failed; the bucket's lifecycle rule for unfinished uploads removes its parts")
+                    }
+                }
+            }
             let line = if l.manifest.failed {
                 format!(
                     "{target}: its upload failed and the writer was told; not uploaded, kept at {}",
@@ -281,7 +302,7 @@ impl FsCore {
                     l.data.display()
                 )
             } else {
-                match self.ns.publish(target, &l.data).await {
+                match self.ns.publish(target, &l.data, note_upload(&l.manifest_path)).await {
                     Ok(_) => {
                         let _ = std::fs::remove_file(&l.data);
                         let _ = std::fs::remove_file(&l.manifest_path);
@@ -686,7 +707,7 @@ impl FsCore {
                 Err(source) => Err(FsError::Stage { path: path.clone(), source }),
                 Ok(()) => self
                     .ns
-                    .publish(&path, s.data_path())
+                    .publish(&path, s.data_path(), note_upload(s.manifest_path()))
                     .await
                     .map_err(|source| FsError::Publish { path: path.clone(), source }),
             },

@@ -64,6 +64,9 @@ pub enum NsError {
     Other(String),
 }
 
+/// Keeps the ID of an upload that is starting, to abort it after a crash.
+pub type UploadNote = Box<dyn FnOnce(&str) + Send>;
+
 /// Parts of an upload sent while its file is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Streaming {
@@ -116,8 +119,14 @@ pub trait Namespace: Send + Sync + 'static {
     fn fetcher(&self, path: &str, node: &Node) -> Arc<dyn Fetcher>;
 
     /// Makes the local file `staged` the content at `path`, atomically: readers see the old
-    /// content or the new, never a part. Returns the new node.
-    fn publish(&self, path: &str, _staged: &std::path::Path) -> BoxFuture<'static, Result<Node, NsError>> {
+    /// content or the new, never a part. `note` gets the ID of an upload in parts before its
+    /// first part goes, where the store has one. Returns the new node.
+    fn publish(
+        &self,
+        path: &str,
+        _staged: &std::path::Path,
+        _note: UploadNote,
+    ) -> BoxFuture<'static, Result<Node, NsError>> {
         let e = NsError::ReadOnly(self.describe());
         let _ = path;
         Box::pin(async move { Err(e) })
@@ -133,6 +142,12 @@ pub trait Namespace: Send + Sync + 'static {
     fn begin_upload(&self, _path: &str) -> BoxFuture<'static, Result<PartUpload, NsError>> {
         let e = NsError::ReadOnly(self.describe());
         Box::pin(async move { Err(e) })
+    }
+
+    /// Aborts upload `id` of the content at `path`, begun by an earlier run that crashed, so the
+    /// store drops its parts.
+    fn abort_upload(&self, _path: &str, _id: &str) -> BoxFuture<'static, Result<(), NsError>> {
+        Box::pin(async { Ok(()) })
     }
 
     /// Completes an upload begun with [`Namespace::begin_upload`]: the content appears whole.

@@ -1,7 +1,7 @@
 //! The dataset namespace: a bucket prefix (or local directory) whose `/`-delimited keys become
 //! directories, served by ranged GETs keyed by ETag.
 
-use crate::namespace::{Namespace, Node, NodeKind, NsError, Streaming};
+use crate::namespace::{Namespace, Node, NodeKind, NsError, Streaming, UploadNote};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use std::sync::Arc;
@@ -147,10 +147,15 @@ impl Namespace for ObjectNamespace {
         self.source.fetcher(&self.info(path, node))
     }
 
-    fn publish(&self, path: &str, staged: &std::path::Path) -> BoxFuture<'static, Result<Node, NsError>> {
+    fn publish(
+        &self,
+        path: &str,
+        staged: &std::path::Path,
+        note: UploadNote,
+    ) -> BoxFuture<'static, Result<Node, NsError>> {
         let (source, path, staged) = (self.source.clone(), self.key(path), staged.to_path_buf());
         let (part, parallel) = (self.part_size, self.parallel);
-        async move { Ok(Self::node(source.upload_file(&path, &staged, part, parallel).await?)) }.boxed()
+        async move { Ok(Self::node(source.upload_file(&path, &staged, part, parallel, note).await?)) }.boxed()
     }
 
     fn streaming(&self) -> Option<Streaming> {
@@ -160,6 +165,11 @@ impl Namespace for ObjectNamespace {
     fn begin_upload(&self, path: &str) -> BoxFuture<'static, Result<PartUpload, NsError>> {
         let (source, path) = (self.source.clone(), self.key(path));
         async move { Ok(source.begin_upload(&path).await?) }.boxed()
+    }
+
+    fn abort_upload(&self, path: &str, id: &str) -> BoxFuture<'static, Result<(), NsError>> {
+        let (source, path, id) = (self.source.clone(), self.key(path), id.to_string());
+        async move { Ok(source.abort_upload(&path, &id).await?) }.boxed()
     }
 
     fn finish_upload(&self, upload: PartUpload) -> BoxFuture<'static, Result<Node, NsError>> {

@@ -45,6 +45,10 @@ pub struct Manifest {
     /// behind the writer's back (it may have written the object again since).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub failed: bool,
+    /// The store's ID of the latest upload that started while the file was written: a restart
+    /// after a crash aborts it, so its parts do not stay in the store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload: Option<String>,
 }
 
 #[derive(Debug)]
@@ -76,6 +80,8 @@ pub struct Staged {
     direct: Option<Direct>,
     /// The upload's part size, for direct mode to start again when the content does.
     part: Option<u64>,
+    /// What the manifest says of the latest upload that started while the file was written.
+    upload: Option<String>,
 }
 
 /// Direct I/O needs buffers, offsets and lengths aligned to the device's blocks; 4 KiB covers
@@ -152,6 +158,13 @@ fn write_manifest(path: &Path, m: &Manifest) -> io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
+/// Records in the manifest at `path` the ID of an upload of its content that is starting.
+pub fn note_upload_in(path: &Path, id: &str) -> io::Result<()> {
+    let mut m: Manifest = serde_json::from_slice(&std::fs::read(path)?).map_err(io::Error::other)?;
+    m.upload = Some(id.to_string());
+    write_manifest(path, &m)
+}
+
 impl Staged {
     /// Starts a staged file. `part` is the upload's part size when files go up in parts while
     /// being written; appends then go to disk a part at a time with direct I/O.
@@ -173,6 +186,7 @@ impl Staged {
             failed: false,
             write_error: None,
             sealed: false,
+            upload: None,
             created: std::time::Instant::now(),
             direct: None,
             part,
@@ -338,7 +352,22 @@ impl Staged {
     }
 
     fn record(&self, complete: bool, content: Option<(u64, u32)>) -> io::Result<()> {
-        write_manifest(&self.manifest, &Manifest { target: self.target.clone(), complete, content, failed: false })
+        let upload = self.upload.clone();
+        write_manifest(
+            &self.manifest,
+            &Manifest { target: self.target.clone(), complete, content, failed: false, upload },
+        )
+    }
+
+    /// Records the ID of an upload that starts while the file is written, before its first
+    /// part goes, so a restart after a crash can abort it.
+    pub fn note_upload(&mut self, id: &str) -> io::Result<()> {
+        self.upload = Some(id.to_string());
+        note_upload_in(&self.manifest, id)
+    }
+
+    pub fn manifest_path(&self) -> &Path {
+        &self.manifest
     }
 
     /// Marks the staged content as one whose failed upload the writer was told of, so a

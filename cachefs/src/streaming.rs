@@ -38,7 +38,17 @@ pub async fn pump(ns: &dyn Namespace, s: &mut Staged) -> u64 {
     let mut st = match s.stream.take() {
         Some(st) => st,
         None if s.len >= part => match ns.begin_upload(&s.target).await {
-            Ok(upload) => Stream { upload, sent: 0, crc: Crc32c::default() },
+            Ok(upload) => {
+                if let Some(id) = upload.id()
+                    && let Err(e) = s.note_upload(id)
+                {
+                    // Without its ID on disk, a crash would leave the parts in the store.
+                    tracing::debug!(path = %s.target, error = %e, "not uploading while writing");
+                    s.streamable = false;
+                    return 0;
+                }
+                Stream { upload, sent: 0, crc: Crc32c::default() }
+            }
             Err(e) => {
                 tracing::debug!(path = %s.target, error = %e, "not uploading while writing");
                 s.streamable = false;

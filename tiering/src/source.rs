@@ -156,6 +156,8 @@ pub struct ObjectSource {
     local_root: Option<std::path::PathBuf>,
     /// The most parts one multipart upload may have: S3's 10,000.
     max_parts: u64,
+    /// The S3 client behind `store`, for what `object_store` offers only on it.
+    pub(crate) s3: Option<Arc<object_store::aws::AmazonS3>>,
     /// Copies in parts, for an S3 store.
     pub(crate) parts: Option<Arc<PartCopier>>,
 }
@@ -171,6 +173,7 @@ impl ObjectSource {
             return Err(cfg_err("single_copy_limit", "must be at least 5MiB, S3's smallest part".into()));
         }
         let mut parts = None;
+        let mut s3_client = None;
         let prefix = c.prefix.trim_matches('/').to_string();
         let (store, describe): (Arc<dyn ObjectStore>, String) = match c.kind {
             ColdKind::Local => {
@@ -250,6 +253,7 @@ impl ObjectSource {
                 let copier = PartCopier::new(s3.clone(), &opts, bucket_url, region, c)
                     .map_err(|e| cfg_err("endpoint", e.to_string()))?;
                 parts = Some(Arc::new(copier));
+                s3_client = Some(s3.clone());
                 let at = c.endpoint.clone().unwrap_or_else(|| "AWS S3".into());
                 (s3, format!("s3://{bucket} at {at}"))
             }
@@ -266,6 +270,7 @@ impl ObjectSource {
             timeout: c.timeout,
             local_root,
             max_parts: MAX_PARTS,
+            s3: s3_client,
             parts,
         })
     }
@@ -449,13 +454,15 @@ impl ObjectSource {
     /// too large for that many parts, of its size over the part limit. Either way the object appears only once
     /// it is complete, and a failed multipart upload is aborted. Returns the new object's info
     /// (read back with HEAD, because some stores answer a completed multipart upload with an
-    /// empty ETag).
+    /// empty ETag). `on_start` gets the ID of a multipart upload before its first part goes, so
+    /// that the caller can keep it and abort the upload after a crash.
     pub async fn upload_file(
         &self,
         path: &str,
         file: &std::path::Path,
         part_size: usize,
         parallel: usize,
+        on_start: impl FnOnce(&str),
     ) -> Result<ObjectInfo, SourceError> {
         use tokio::io::AsyncReadExt;
         let loc = self.location(path);
@@ -469,6 +476,9 @@ impl ObjectSource {
             self.bounded("PUT", path, self.store.put(&loc, Bytes::from(buf).into())).await?;
         } else {
             let mut upload = self.begin_upload(path).await?;
+            if let Some(id) = upload.id() {
+                on_start(id);
+            }
             let mut left = len;
             while left > 0 {
                 // Each part is read into its own buffer and handed over whole, without a copy.
