@@ -684,6 +684,36 @@ fn fuse_root_failed_upload_is_an_error_from_fsync_and_close() {
     m.stop();
 }
 
+/// A process forked while a checkpoint is being written closes its copy of the descriptor at
+/// its exec or its exit, and the kernel sends each close as a flush. Those flushes must not
+/// publish the half-written file: only the writer's own close does.
+#[test]
+#[ignore = "needs root and /dev/fuse: run by .ci/run"]
+fn fuse_root_a_childs_close_of_an_inherited_descriptor_publishes_nothing() {
+    use std::io::Write;
+    let src = tempfile::tempdir().unwrap();
+    let mut m = Mount::start(src.path().to_str().unwrap(), &[]);
+    let whole = data(0xF0, 6 << 20);
+    let mut f = std::fs::File::create(m.path("ckpt.pt")).unwrap();
+    f.write_all(&whole[..2 << 20]).unwrap();
+    // std opens files with O_CLOEXEC: the child's exec closes its copy.
+    assert!(Command::new("true").status().unwrap().success());
+    assert!(!src.path().join("ckpt.pt").exists(), "a child's exec published the half-written file");
+    f.write_all(&whole[2 << 20..4 << 20]).unwrap();
+    // A child that gets the descriptor as its stdout and closes it when it exits. The command
+    // keeps the parent's copy until it is dropped: closing that copy would be a close by the
+    // writer's own process, which publishes.
+    let mut child = Command::new("sleep");
+    child.arg("0.1").stdout(f.try_clone().unwrap());
+    assert!(child.status().unwrap().success());
+    assert!(!src.path().join("ckpt.pt").exists(), "a child's exit published the half-written file");
+    f.write_all(&whole[4 << 20..]).unwrap();
+    drop(child);
+    drop(f);
+    assert!(std::fs::read(src.path().join("ckpt.pt")).unwrap() == whole, "the writer's close publishes it whole");
+    m.stop();
+}
+
 /// Polls `done` every 50 ms until it holds or `limit` has passed; the caller asserts what it
 /// needs after.
 fn wait_until(limit: Duration, done: impl Fn() -> bool) {

@@ -5,6 +5,7 @@
 use crate::core::{Attr, FsCore, FsError, ROOT};
 use crate::implicit::Implicit;
 use crate::namespace::NodeKind;
+use crate::openers::Openers;
 use crate::passthrough::{IoModes, Mode};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
@@ -39,6 +40,8 @@ pub struct StrataFs {
     /// Set for a tree that never changes: opens, flushes and directory opens take no message,
     /// and reads come without a handle (see `implicit`).
     implicit: Option<Arc<Implicit>>,
+    /// The process that opened each handle that writes: only its flushes publish.
+    openers: Arc<Openers>,
 }
 
 impl std::fmt::Debug for StrataFs {
@@ -49,7 +52,17 @@ impl std::fmt::Debug for StrataFs {
 
 impl StrataFs {
     pub fn new(core: Arc<FsCore>, rt: Handle, ttl: KernelTtl, uid: u32, gid: u32) -> Self {
-        StrataFs { core, rt, ttl, uid, gid, passthrough: false, modes: Arc::new(IoModes::default()), implicit: None }
+        StrataFs {
+            core,
+            rt,
+            ttl,
+            uid,
+            gid,
+            passthrough: false,
+            modes: Arc::new(IoModes::default()),
+            implicit: None,
+            openers: Arc::default(),
+        }
     }
 
     /// For a read-only tree that never changes under the mount: the kernel sends no opens and
@@ -146,7 +159,7 @@ impl Filesystem for StrataFs {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let write = flags.0 & O_ACCMODE_WRITE != 0;
         if write && !self.core.writable() {
             return reply.error(Errno::EROFS);
@@ -163,6 +176,9 @@ impl Filesystem for StrataFs {
             Ok(fh) => fh,
             Err(e) => return reply.error(errno("open", &e)),
         };
+        if write {
+            self.openers.opened(fh, req.pid());
+        }
         let version = if write { None } else { self.core.read_only_version(fh) };
         let (mode, backing) = self.modes.open(ino.0, fh, version.as_deref(), || {
             let file = self.passthrough.then(|| self.core.whole_file(fh)).flatten()?;
@@ -188,7 +204,7 @@ impl Filesystem for StrataFs {
 
     fn create(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         _mode: u32,
@@ -201,11 +217,12 @@ impl Filesystem for StrataFs {
         }
         let Some(name) = name.to_str().map(str::to_string) else { return reply.error(Errno::EINVAL) };
         let (core, ttl, uid, gid, w) = (self.core.clone(), self.ttl, self.uid, self.gid, self.core.writable());
-        let modes = self.modes.clone();
+        let (modes, openers, pid) = (self.modes.clone(), self.openers.clone(), req.pid());
         self.rt.spawn(
             async move {
                 match core.create(parent.0, &name).await {
                     Ok((a, fh)) => {
+                        openers.opened(fh, pid);
                         let flags = match modes.open(a.ino, fh, None, || None).0 {
                             Mode::Direct => FopenFlags::FOPEN_DIRECT_IO,
                             _ => FopenFlags::empty(),
@@ -244,10 +261,18 @@ impl Filesystem for StrataFs {
         );
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(&self, req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
         if self.implicit.is_some() {
             // Nothing is ever written here: the kernel stops sending flushes.
             return reply.error(Errno::ENOSYS);
+        }
+        if !self.openers.is_opener(fh.0, req.pid()) {
+            tracing::debug!(
+                fh = fh.0,
+                pid = req.pid(),
+                "a flush by another process than the writer's is not a publish"
+            );
+            return reply.ok();
         }
         self.finish("flush", fh, reply);
     }
@@ -399,6 +424,7 @@ impl Filesystem for StrataFs {
         reply: ReplyEmpty,
     ) {
         self.modes.released(fh.0);
+        self.openers.released(fh.0);
         let core = self.core.clone();
         self.rt.spawn(async move {
             // The kernel ignores release errors; flush already reported any upload failure to

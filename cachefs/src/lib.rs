@@ -14,6 +14,7 @@ mod keeper;
 pub mod mount;
 pub mod namespace;
 pub mod objects;
+mod openers;
 mod passthrough;
 pub mod readahead;
 pub mod snapshot;
