@@ -256,6 +256,7 @@ fn fuse_root_the_newest_checkpoint_of_a_directory_stays_hot() {
 }
 
 const PARTS_WHILE_WRITING: &str = "strata_fs_parts_sent_while_writing_total";
+const FOREIGN_FLUSHES: &str = "strata_fs_flushes_by_other_processes_total";
 
 fn wait_for_metric(d: &Daemon, sample: &str, at_least: u64) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -319,6 +320,10 @@ fn fuse_root_checkpoints_go_up_while_written_and_appear_only_when_complete() {
     // sure to go; how many more did depends on how fast the store took them.
     wait_for_metric(&d, PARTS_WHILE_WRITING, 2);
     assert!(!object.exists(), "the object is visible before the writer's fsync");
+    // A child's exec closes its copy of the descriptor: a flush, by another process.
+    assert!(std::process::Command::new("true").status().unwrap().success());
+    assert_eq!(metric(&d, FOREIGN_FLUSHES), 1, "the child's close was a flush by another process");
+    assert!(!object.exists(), "a child's close published the half-written checkpoint");
     f.sync_all().unwrap();
     assert_eq!(std::fs::read(&object).unwrap(), bytes, "the object after fsync is not what was written");
     drop(f);

@@ -278,7 +278,10 @@ impl FsCore {
                 // The upload that went on while the file was written: whatever happens to the
                 // file now, that upload is over.
                 match self.ns.abort_upload(target, id).await {
-                    Ok(()) => tracing::info!(path = %target, "a previous run's unfinished upload was aborted"),
+                    Ok(()) => {
+                        self.cache.metrics().fs_uploads_aborted_at_start.inc();
+                        tracing::info!(path = %target, "a previous run's unfinished upload was aborted");
+                    }
                     Err(e) => {
                         tracing::warn!(path = %target, error = %e, "aborting a previous run's unfinished upload failed; the bucket's lifecycle rule for unfinished uploads removes its parts")
                     }
@@ -319,6 +322,11 @@ impl FsCore {
         }
         staging::remove_orphans(dir);
         report
+    }
+
+    /// Counts a flush by another process than the writer's, which published nothing.
+    pub fn count_foreign_flush(&self) {
+        self.cache.metrics().fs_foreign_flushes.inc();
     }
 
     /// Counts an open by how its reads are served.

@@ -272,6 +272,7 @@ impl Filesystem for StrataFs {
                 pid = req.pid(),
                 "a flush by another process than the writer's is not a publish"
             );
+            self.core.count_foreign_flush();
             return reply.ok();
         }
         self.finish("flush", fh, reply);

@@ -28,6 +28,8 @@ pub const COLD_FETCH_SECONDS: &str = "strata_cold_fetch_seconds";
 pub const COALESCED_MISSES: &str = "strata_coalesced_misses";
 pub const FS_OPENS: &str = "strata_fs_opens";
 pub const FS_PARTS_WHILE_WRITING: &str = "strata_fs_parts_sent_while_writing";
+pub const FS_FOREIGN_FLUSHES: &str = "strata_fs_flushes_by_other_processes";
+pub const FS_UPLOADS_ABORTED_AT_START: &str = "strata_fs_uploads_aborted_at_start";
 pub const SNAPSHOT_REQUESTS: &str = "strata_snapshotter_requests";
 pub const SNAPSHOT_LAYERS: &str = "strata_snapshotter_layers";
 pub const LAYER_CHUNK_REJECTS: &str = "strata_snapshotter_chunks_rejected";
@@ -91,6 +93,11 @@ pub struct Metrics {
     pub coalesced: Counter,
     pub fs_opens: Family<OpenLabel, Counter>,
     pub fs_parts_while_writing: Counter,
+    /// Flushes of files being written by another process than the writer (a forked child's
+    /// close), which publish nothing.
+    pub fs_foreign_flushes: Counter,
+    /// Unfinished uploads of a crashed run that a start aborted.
+    pub fs_uploads_aborted_at_start: Counter,
     pub snapshot_requests: Family<SnapshotRequestLabel, Counter>,
     pub snapshot_layers: Family<LayerLabel, Counter>,
     /// Chunks of lazy layers whose bytes did not decode to their TOC digest.
@@ -159,6 +166,16 @@ impl Metrics {
             FS_PARTS_WHILE_WRITING,
             "Upload parts of files written through mounts that went up before the writer's fsync or close",
             self.fs_parts_while_writing.clone(),
+        );
+        r.register(
+            FS_FOREIGN_FLUSHES,
+            "Closes of files being written, by another process than the writer (a forked child), that published nothing",
+            self.fs_foreign_flushes.clone(),
+        );
+        r.register(
+            FS_UPLOADS_ABORTED_AT_START,
+            "Multipart uploads a crashed run left unfinished, aborted at the next start so their parts leave the store",
+            self.fs_uploads_aborted_at_start.clone(),
         );
         r.register(
             SNAPSHOT_REQUESTS,
