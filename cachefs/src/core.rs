@@ -275,8 +275,8 @@ impl FsCore {
         for l in staging::leftovers(dir) {
             let target = &l.manifest.target;
             if let Some(id) = &l.manifest.upload {
-                // The upload that went on while the file was written: whatever happens to the
-                // file now, that upload is over.
+                // The upload the crash cut short, streamed while the file was written or whole
+                // at its close: whatever happens to the file now, that upload is over.
                 match self.ns.abort_upload(target, id).await {
                     Ok(()) => {
                         self.cache.metrics().fs_uploads_aborted_at_start.inc();

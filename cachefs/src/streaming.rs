@@ -8,9 +8,10 @@
 //! was sent, or a rename, gives the upload up, and the file is published whole as before. So
 //! does a file that grows past what the store's part limit holds in parts of this size: S3
 //! takes 10,000 parts, 156 GiB in 16 MiB parts, and the whole upload at close picks parts
-//! large enough. The
-//! staging file is not synced for a streamed upload: the manifest records the content's CRC32C
-//! instead, so a restart uploads a staged file again only if a crash did not tear it.
+//! large enough. The staging file is not synced for a streamed upload: the manifest records
+//! the content's CRC32C instead, so a restart uploads a staged file again only if a crash did
+//! not tear it. It also records the upload's ID, so that a restart aborts an upload a crash
+//! cut short.
 
 use crate::namespace::{Namespace, Node, NsError, Streaming};
 use crate::staging::{Staged, Stream};

@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 /// The store's side of an upload.
 enum Upload {
     /// S3's multipart API, whose upload ID the caller can keep, to abort the upload after a
-    /// crash. Behind a mutex only to be `Sync`.
+    /// crash.
     S3 { s3: Arc<AmazonS3>, id: String },
     /// Any other store. Behind a mutex only to be `Sync`; every use has `&mut self`.
     Other(std::sync::Mutex<Box<dyn MultipartUpload>>),
