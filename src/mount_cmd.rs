@@ -28,6 +28,10 @@ pub struct MountArgs {
     endpoint: Option<String>,
     #[arg(long, env = "AWS_REGION")]
     region: Option<String>,
+    /// PEM file of the CA certificates that sign the endpoint's TLS certificate, trusted
+    /// besides the system's (an on-premises Ceph's own CA).
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
     /// Upper bound on one request to the store, retries included.
     #[arg(long, default_value = "30s", value_parser = Dur::parse)]
     timeout: Dur,
@@ -115,6 +119,7 @@ fn cold_config(a: &MountArgs) -> anyhow::Result<ColdConfig> {
         c.endpoint = a.endpoint.clone();
         c.allow_http = a.endpoint.as_deref().is_some_and(|e| e.starts_with("http://"));
         c.region = a.region.clone();
+        c.ca_file = a.ca_file.clone();
     } else if a.source.contains("://") {
         bail!("source `{}`: only s3:// URLs and local directories are supported", a.source);
     } else {

@@ -324,6 +324,53 @@ fn fuse_root_bad_sources_fail_at_mount_time() {
     assert!(err.contains("only s3://"), "{err}");
 }
 
+/// An on-premises Ceph serves HTTPS with a certificate signed by its own CA. Given that CA
+/// (`--ca-file`), the mount reads the bucket over TLS; without it, mounting fails at once and
+/// says that the certificate is not trusted; a CA file that holds no certificate is named.
+#[test]
+#[ignore = "needs root, /dev/fuse and Ceph RGW: run by .ci/run"]
+fn fuse_root_rgw_over_https_with_the_clusters_own_ca() {
+    use object_store::ObjectStoreExt;
+    let rgw = Rgw::from_env();
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: `bash .ci/run` sets it"));
+    let (tls, ca) = (var("STRATA_TEST_S3_TLS_ENDPOINT"), var("STRATA_TEST_S3_CA"));
+    let prefix = unique_prefix("tls");
+    let body = data(0x715, 3 << 20);
+    let loc = object_store::path::Path::from(format!("{prefix}x.bin"));
+    rt().block_on(rgw.store().put(&loc, body.clone().into())).unwrap();
+    let source = format!("s3://{}/{}", rgw.bucket, prefix.trim_end_matches('/'));
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("mnt")).unwrap();
+    let refused = |extra: &[&str]| {
+        let out = Command::new(BIN)
+            .args(["mount", &source])
+            .arg(dir.path().join("mnt"))
+            .arg("--state-dir")
+            .arg(dir.path().join("s"))
+            .args(["--endpoint", &tls, "--region", "us-east-1", "--timeout", "10s"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "mount {extra:?} must fail");
+        assert!(!mounted(&dir.path().join("mnt")));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = refused(&[]);
+    assert!(err.contains(&tls) && err.to_lowercase().contains("certificate"), "{err}");
+    let err = refused(&["--ca-file", "/nonexistent/ca.pem"]);
+    assert!(err.contains("cold.ca_file: cannot read /nonexistent/ca.pem"), "{err}");
+    let not_pem = dir.path().join("not.pem");
+    std::fs::write(&not_pem, "not a certificate").unwrap();
+    let err = refused(&["--ca-file", not_pem.to_str().unwrap()]);
+    assert!(err.contains("cold.ca_file") && err.contains("holds no PEM certificate"), "{err}");
+
+    let mut m = Mount::start(&source, &["--endpoint", &tls, "--region", "us-east-1", "--ca-file", &ca]);
+    assert!(std::fs::read(m.path("x.bin")).unwrap() == body, "the bytes read over TLS are the object's");
+    m.stop();
+    let _ = rt().block_on(rgw.store().delete(&loc));
+}
+
 fn rgw_mount(rgw: &Rgw, prefix: &str) -> Mount {
     let source = format!("s3://{}/{}", rgw.bucket, prefix.trim_end_matches('/'));
     Mount::start(&source, &["--endpoint", &rgw.endpoint, "--region", "us-east-1"])

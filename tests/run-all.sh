@@ -15,7 +15,7 @@ log() { printf '\n== %s\n' "$*"; }
 
 PACKAGES=(ceph-mon ceph-osd ceph-mgr radosgw ceph-common uuid-runtime fuse3 fio curl ca-certificates iproute2
   protobuf-compiler containerd runc docker-registry skopeo umoci busybox-static stargz-snapshotter
-  debootstrap apache2-utils python3)
+  debootstrap apache2-utils python3 openssl)
 log "installing system packages: ${PACKAGES[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
@@ -49,6 +49,7 @@ log "starting Ceph RGW on loopback"
 bash tests/infra/rgw.sh start "$RGW_DIR"
 export STRATA_TEST_S3_ENDPOINT=http://127.0.0.1:${RGW_PORT:-7480}
 export STRATA_TEST_S3_BUCKET=strata-test
+export STRATA_TEST_S3_TLS_ENDPOINT=https://127.0.0.1:${RGW_TLS_PORT:-7443} STRATA_TEST_S3_CA=$RGW_DIR/tls/ca.pem
 export AWS_ACCESS_KEY_ID=strata-test AWS_SECRET_ACCESS_KEY=strata-test-secret AWS_REGION=us-east-1
 
 log "tests (RGW at $STRATA_TEST_S3_ENDPOINT)"

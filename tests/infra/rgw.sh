@@ -3,7 +3,9 @@
 # integration tests. Runs as root, needs no systemd and no /etc/ceph.
 #   rgw.sh start DIR   # wipe DIR, bring the cluster up, create user + bucket
 #   rgw.sh stop DIR    # kill the daemons, remove DIR
-# Env: RGW_PORT (default 7480), START_TIMEOUT seconds (default 120).
+# Env: RGW_PORT (default 7480), RGW_TLS_PORT (default 7443), START_TIMEOUT seconds (default 120).
+# RGW also serves HTTPS on RGW_TLS_PORT, with a certificate for 127.0.0.1 signed by a CA made
+# for this cluster: DIR/tls/ca.pem, which no system trust store holds.
 set -euo pipefail
 
 CMD=${1:-}; DIR=${2:-}
@@ -12,6 +14,8 @@ DIR=$(realpath -m -- "$DIR")
 CONF=$DIR/ceph.conf
 RGW_PORT=${RGW_PORT:-7480}
 [[ $RGW_PORT =~ ^[0-9]+$ ]] || { echo "RGW_PORT must be a number" >&2; exit 2; }
+RGW_TLS_PORT=${RGW_TLS_PORT:-7443}
+[[ $RGW_TLS_PORT =~ ^[0-9]+$ ]] || { echo "RGW_TLS_PORT must be a number" >&2; exit 2; }
 START_TIMEOUT=${START_TIMEOUT:-120}
 AK=strata-test SK=strata-test-secret BUCKET=strata-test
 URL=http://127.0.0.1:$RGW_PORT
@@ -73,7 +77,7 @@ die() { say "ERROR: $*"; logs; say "daemons left as-is for inspection; clean up 
 # (/dev/tcp needs nothing installed; ss, if present, only adds the owner.)
 check_ports() {
   local port pid cmd
-  for port in 3300 6789 "$RGW_PORT"; do
+  for port in 3300 6789 "$RGW_PORT" "$RGW_TLS_PORT"; do
     (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || continue
     pid=$(ss -Hltnp "sport = :$port" 2>/dev/null | grep -o 'pid=[0-9]*' | head -n1 | cut -d= -f2) || true
     cmd=$(tr '\0' ' ' 2>/dev/null </proc/"${pid:-0}"/cmdline) || cmd='?'
@@ -91,8 +95,18 @@ start() {
   SECONDS=0; local t0=${EPOCHREALTIME/./}
   stop
   check_ports
-  mkdir -p "$DIR"/{run,log,mon,mgr/a,osd,rgw/rgw.a}
+  mkdir -p "$DIR"/{run,log,mon,mgr/a,osd,rgw/rgw.a,tls}
   local fsid; fsid=$(uuidgen)
+  # A CA of this cluster's own and a server certificate for 127.0.0.1, as an on-premises Ceph
+  # has: clients must be given the CA to reach RGW over HTTPS.
+  openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=strata test CA $fsid" \
+    -keyout "$DIR/tls/ca.key" -out "$DIR/tls/ca.pem" >"$DIR/log/tls.log" 2>&1 || die "making the test CA failed"
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" -keyout "$DIR/tls/server.key" \
+    -out "$DIR/tls/server.csr" >>"$DIR/log/tls.log" 2>&1 || die "making the server key failed"
+  printf 'subjectAltName = IP:127.0.0.1\nbasicConstraints = CA:FALSE\n' >"$DIR/tls/ext.cnf"
+  openssl x509 -req -in "$DIR/tls/server.csr" -CA "$DIR/tls/ca.pem" -CAkey "$DIR/tls/ca.key" \
+    -CAcreateserial -days 2 -extfile "$DIR/tls/ext.cnf" -out "$DIR/tls/server.pem" >>"$DIR/log/tls.log" 2>&1 \
+    || die "signing the server certificate failed"
   # Why the non-obvious settings:
   #  - auth none + ms *mode = crc: with cephx off, radosgw otherwise fails with
   #    "get_initial_auth_request returned -13" and hangs for rgw_init_timeout.
@@ -157,7 +171,7 @@ paxos min wait = 0.01
 admin socket = $DIR/run/\$name.\$pid.asok
 [client.rgw.a]
 admin socket = $DIR/run/\$name.asok
-rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT tcp_nodelay=1
+rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT ssl_endpoint=127.0.0.1:$RGW_TLS_PORT ssl_certificate=$DIR/tls/server.pem ssl_private_key=$DIR/tls/server.key tcp_nodelay=1
 rgw init timeout = $START_TIMEOUT
 EOF
   local asroot=(-c "$CONF" --setuser root --setgroup root)
@@ -203,8 +217,10 @@ EOF
   [[ $got == "$probe" ]] || die "probe round-trip mismatch: got '$got'"
   s3 -X DELETE "$URL/$BUCKET/.rgw-sh-probe" >/dev/null || die "probe DELETE failed"
 
+  got=$(curl -sS -m "$(left)" --cacert "$DIR/tls/ca.pem" -o /dev/null -w '%{http_code}' \
+    "https://127.0.0.1:$RGW_TLS_PORT/") || die "RGW does not answer over HTTPS on port $RGW_TLS_PORT"
   local ds=$(((${EPOCHREALTIME/./} - t0) / 100000))
-  echo "rgw: ready at $URL (bucket $BUCKET) in $((ds / 10)).$((ds % 10)) s"
+  echo "rgw: ready at $URL and https://127.0.0.1:$RGW_TLS_PORT (bucket $BUCKET) in $((ds / 10)).$((ds % 10)) s"
 }
 
 "$CMD"

@@ -51,6 +51,10 @@ pub struct ColdConfig {
     pub path_style: bool,
     #[serde(default)]
     pub allow_http: bool,
+    /// PEM file of the CA certificates (one or more) that sign the endpoint's TLS certificate,
+    /// trusted besides the system's: an on-premises Ceph's own CA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_key_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -103,7 +107,7 @@ impl Default for ColdConfig {
 pub enum SourceError {
     #[error("{key}: {message}")]
     Config { key: String, message: String },
-    #[error("{op} {path} on {store} failed: {source}")]
+    #[error("{op} {path} on {store} failed: {}", with_causes(source.as_ref()))]
     Request { op: &'static str, path: String, store: String, source: Box<object_store::Error> },
     #[error("{op} {path} on {store} timed out after {after}")]
     Timeout { op: &'static str, path: String, store: String, after: Dur },
@@ -117,6 +121,22 @@ pub enum SourceError {
     CopyParts { to: String, message: String },
     #[error("local file {path}: {source}")]
     Local { path: String, source: std::io::Error },
+}
+
+/// An error with the causes its message leaves out: `object_store` says "error sending
+/// request" where the cause is, say, an untrusted TLS certificate.
+fn with_causes(e: &object_store::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
 }
 
 impl SourceError {
@@ -228,7 +248,18 @@ impl ObjectSource {
                         ),
                     ));
                 }
-                let opts = ClientOptions::new().with_connect_timeout(c.connect_timeout.0).with_timeout(c.timeout.0);
+                let mut opts = ClientOptions::new().with_connect_timeout(c.connect_timeout.0).with_timeout(c.timeout.0);
+                if let Some(path) = &c.ca_file {
+                    let pem = std::fs::read(path)
+                        .map_err(|e| cfg_err("ca_file", format!("cannot read {}: {e}", path.display())))?;
+                    let certs = object_store::Certificate::from_pem_bundle(&pem)
+                        .ok()
+                        .filter(|c| !c.is_empty())
+                        .ok_or_else(|| cfg_err("ca_file", format!("{} holds no PEM certificate", path.display())))?;
+                    for cert in certs {
+                        opts = opts.with_root_certificate(cert);
+                    }
+                }
                 // with_client_options replaces the whole option set, allow_http included, so it
                 // must come before with_allow_http.
                 b = b
