@@ -482,11 +482,11 @@ impl ObjectSource {
 
     /// Uploads a local file as the object at `path`: one PUT up to `part_size`, a multipart
     /// upload above it with `parallel` parts in flight, in parts of `part_size` or, for a file
-    /// too large for that many parts, of its size over the part limit. Either way the object appears only once
-    /// it is complete, and a failed multipart upload is aborted. Returns the new object's info
-    /// (read back with HEAD, because some stores answer a completed multipart upload with an
-    /// empty ETag). `on_start` gets the ID of a multipart upload before its first part goes, so
-    /// that the caller can keep it and abort the upload after a crash.
+    /// too large for that many parts, of its size over the part limit. Either way the object
+    /// appears only once it is complete, and a failed multipart upload is aborted. Returns the
+    /// new object's info (read back with HEAD, because some stores answer a completed multipart
+    /// upload with an empty ETag). `on_start` gets the ID of a multipart upload before its first
+    /// part goes, so that the caller can keep it and abort the upload after a crash.
     pub async fn upload_file(
         &self,
         path: &str,
