@@ -158,11 +158,16 @@ fn write_manifest(path: &Path, m: &Manifest) -> io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
+/// Changes one thing in the manifest at `path`, keeping the rest as written.
+fn update_manifest(path: &Path, change: impl FnOnce(&mut Manifest)) -> io::Result<()> {
+    let mut m: Manifest = serde_json::from_slice(&std::fs::read(path)?).map_err(io::Error::other)?;
+    change(&mut m);
+    write_manifest(path, &m)
+}
+
 /// Records in the manifest at `path` the ID of an upload of its content that is starting.
 pub fn note_upload_in(path: &Path, id: &str) -> io::Result<()> {
-    let mut m: Manifest = serde_json::from_slice(&std::fs::read(path)?).map_err(io::Error::other)?;
-    m.upload = Some(id.to_string());
-    write_manifest(path, &m)
+    update_manifest(path, |m| m.upload = Some(id.to_string()))
 }
 
 impl Staged {
@@ -373,9 +378,7 @@ impl Staged {
     /// Marks the staged content as one whose failed upload the writer was told of, so a
     /// restart reports it and leaves it alone.
     pub fn mark_failed(&self) -> io::Result<()> {
-        let mut m: Manifest = serde_json::from_slice(&std::fs::read(&self.manifest)?).map_err(io::Error::other)?;
-        m.failed = true;
-        write_manifest(&self.manifest, &m)
+        update_manifest(&self.manifest, |m| m.failed = true)
     }
 
     /// The content changes from `offset` on: an upload that already sent bytes past it is

@@ -7,7 +7,7 @@
 //! replaces the source during the copy, the copy fails rather than mixing two versions. The
 //! upload is aborted on any failure, so no part of it is ever visible.
 
-use crate::source::{ColdConfig, SourceError};
+use crate::source::{ColdConfig, ObjectSource, SourceError};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::ClientOptions;
@@ -78,24 +78,16 @@ impl PartCopier {
         })
     }
 
-    /// An operation of the upload itself, bounded by the timeout.
-    async fn timed<T>(
+    /// Copies `from` to `to` as a multipart upload of part copies, on the store of `source`.
+    /// `to` appears only whole.
+    pub(crate) async fn copy(
         &self,
+        source: &ObjectSource,
+        from: CopySource<'_>,
         to: &ObjPath,
-        op: &str,
-        f: impl Future<Output = object_store::Result<T>>,
-    ) -> Result<T, SourceError> {
-        let message = match tokio::time::timeout(self.timeout, f).await {
-            Ok(Ok(v)) => return Ok(v),
-            Ok(Err(e)) => format!("{op}: {e}"),
-            Err(_) => format!("{op} timed out after {:?}", self.timeout),
-        };
-        Err(SourceError::CopyParts { to: to.to_string(), message })
-    }
-
-    /// Copies `from` to `to` as a multipart upload of part copies. `to` appears only whole.
-    pub(crate) async fn copy(&self, from: CopySource<'_>, to: &ObjPath) -> Result<(), SourceError> {
-        let id = self.timed(to, "CreateMultipartUpload", self.s3.create_multipart(to)).await?;
+    ) -> Result<(), SourceError> {
+        let key = to.as_ref();
+        let id = source.bounded("CreateMultipartUpload", key, self.s3.create_multipart(to)).await?;
         let part = part_size(self.single_limit, from.size);
         let count = from.size.div_ceil(part).max(1);
         let parts = futures::stream::iter(0..count)
@@ -108,7 +100,9 @@ impl PartCopier {
             .try_collect::<Vec<PartId>>()
             .await;
         let done = match parts {
-            Ok(parts) => self.timed(to, "CompleteMultipartUpload", self.s3.complete_multipart(to, &id, parts)).await,
+            Ok(parts) => {
+                source.bounded("CompleteMultipartUpload", key, self.s3.complete_multipart(to, &id, parts)).await
+            }
             Err(e) => Err(e),
         };
         if let Err(e) = done {

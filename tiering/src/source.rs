@@ -565,7 +565,7 @@ impl ObjectSource {
             return Err(refused);
         }
         tracing::info!(from, to = %b, size = src.size, refused = %refused, "the store refused to copy the object in one request; copying it in parts");
-        parts.copy(CopySource { loc: a, size: src.size, etag: &src.version }, b).await
+        parts.copy(self, CopySource { loc: a, size: src.size, etag: &src.version }, b).await
     }
 }
 
