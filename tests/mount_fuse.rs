@@ -4,15 +4,12 @@
 
 mod common;
 
+use common::s3::*;
 use common::*;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
-}
 
 fn names(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> =
@@ -371,27 +368,6 @@ fn fuse_root_rgw_over_https_with_the_clusters_own_ca() {
     let _ = rt().block_on(rgw.store().delete(&loc));
 }
 
-fn rgw_mount(rgw: &Rgw, prefix: &str) -> Mount {
-    let source = format!("s3://{}/{}", rgw.bucket, prefix.trim_end_matches('/'));
-    Mount::start(&source, &["--endpoint", &rgw.endpoint, "--region", "us-east-1"])
-}
-
-fn head(rgw: &Rgw, key: &str) -> Option<u64> {
-    use object_store::ObjectStoreExt;
-    rt().block_on(rgw.store().head(&object_store::path::Path::from(key))).ok().map(|m| m.size)
-}
-
-fn delete(rgw: &Rgw, key: &str) {
-    use object_store::ObjectStoreExt;
-    let _ = rt().block_on(rgw.store().delete(&object_store::path::Path::from(key)));
-}
-
-fn get(rgw: &Rgw, key: &str) -> Vec<u8> {
-    use object_store::ObjectStoreExt;
-    rt().block_on(async { rgw.store().get(&object_store::path::Path::from(key)).await.unwrap().bytes().await.unwrap() })
-        .to_vec()
-}
-
 const BLOCK: usize = 8 << 20;
 
 fn block(i: usize) -> Vec<u8> {
@@ -534,7 +510,6 @@ fn fuse_root_rgw_write_semantics() {
         Some(39),
         "rmdir of a non-empty dir: ENOTEMPTY"
     );
-    assert_eq!(std::fs::rename(m.path("d"), m.path("d2")).unwrap_err().raw_os_error(), Some(18), "dir rename: EXDEV");
     std::fs::remove_file(m.path("d/x")).unwrap();
     assert_eq!(head(&rgw, &key("d/x")), None, "unlink deletes the object");
     std::fs::remove_dir(m.path("d")).unwrap();
@@ -759,15 +734,6 @@ fn fuse_root_a_childs_close_of_an_inherited_descriptor_publishes_nothing() {
     drop(f);
     assert!(std::fs::read(src.path().join("ckpt.pt")).unwrap() == whole, "the writer's close publishes it whole");
     m.stop();
-}
-
-/// Polls `done` every 50 ms until it holds or `limit` has passed; the caller asserts what it
-/// needs after.
-fn wait_until(limit: Duration, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !done() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Unmounts a tmpfs on drop, first of all, so a failing test leaves none behind.

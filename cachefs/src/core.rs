@@ -2,6 +2,8 @@
 //! through the tiered cache. The FUSE adapter is a thin shell over this, and tests can drive it
 //! without the kernel.
 
+mod dir_rename;
+
 use crate::namespace::{Namespace, Node, NodeKind, NsError};
 use crate::readahead::ReadAhead;
 use crate::staging::{self, Staged};
@@ -42,8 +44,8 @@ pub enum FsError {
     Exists,
     #[error("directory not empty")]
     NotEmpty,
-    #[error("directories cannot be renamed on an object store")]
-    CrossDevice,
+    #[error("{0}")]
+    Invalid(&'static str),
     #[error("not open for writing")]
     NotWritable,
     #[error("staging {path} failed: {source}")]
@@ -941,12 +943,12 @@ impl FsCore {
         Ok(())
     }
 
-    /// Renames a file. A file still being written simply gets a new target; a published one is
-    /// copied server-side and the source deleted. The destination is replaced.
+    /// Renames a file or a directory. A file still being written simply gets a new target; a
+    /// published one is copied server-side and the source deleted. The destination is replaced.
     pub async fn rename(&self, parent: u64, name: &str, new_parent: u64, new_name: &str) -> Result<(), FsError> {
         let src = self.lookup(parent, name).await?;
         if src.kind == NodeKind::Dir {
-            return Err(FsError::CrossDevice);
+            return self.rename_dir(parent, name, src.ino, new_parent, new_name).await;
         }
         let _renaming = Renaming::start(&self.renaming, src.ino);
         let dst_dir = self.inode(new_parent)?;
@@ -1351,7 +1353,6 @@ mod write_tests {
         fs.write(fh, 0, b"new").await.unwrap();
         fs.release(fh).await.unwrap();
         assert_eq!(cold(dir.path(), "d/big.bin").unwrap(), b"new");
-        assert!(matches!(fs.rename(ROOT, "d", ROOT, "e").await, Err(FsError::CrossDevice)));
     }
 
     #[tokio::test]

@@ -103,7 +103,10 @@ pub async fn mount_dataset(
             Err(e) => return Err(MountError::Source { path: spec.path.display().to_string(), message: e.to_string() }),
         }
     }
-    let leftovers = core.recover_staged(spec.upload_leftovers).await;
+    let mut leftovers = core.recover_staged(spec.upload_leftovers).await;
+    // After the staged files: one that was still being written inside a directory when a
+    // crash cut its rename short has gone up under the old name, and moves with the rest.
+    leftovers.extend(core.recover_renames().await);
     let kernel = spec.metadata_ttl.unwrap_or(Duration::from_secs(365 * 86400));
     let opts = MountOptions {
         ttl: KernelTtl { entry: kernel, attr: kernel },

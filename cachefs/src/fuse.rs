@@ -89,7 +89,7 @@ fn errno(op: &str, e: &FsError) -> Errno {
         }
         FsError::Exists => Errno::EEXIST,
         FsError::NotEmpty => Errno::ENOTEMPTY,
-        FsError::CrossDevice => Errno::EXDEV,
+        FsError::Invalid(_) => Errno::EINVAL,
         // A full staging disk is the writer's to see as such ("No space left on device"), not
         // as an I/O error: it can free space or write elsewhere.
         FsError::Stage { source, .. }
@@ -366,13 +366,19 @@ impl Filesystem for StrataFs {
         else {
             return reply.error(Errno::EINVAL);
         };
-        if !flags.is_empty() {
-            // RENAME_EXCHANGE and RENAME_NOREPLACE need an atomicity S3 does not have.
+        let noreplace = flags == fuser::RenameFlags::RENAME_NOREPLACE;
+        if !flags.is_empty() && !noreplace {
+            // RENAME_EXCHANGE needs an atomicity S3 does not have.
             return reply.error(Errno::EINVAL);
         }
         let core = self.core.clone();
         self.rt.spawn(
             async move {
+                // `mv` asks for this first. The kernel has checked its own view of the name;
+                // this mount's may be newer.
+                if noreplace && core.lookup(newparent.0, &newname).await.is_ok() {
+                    return reply.error(Errno::EEXIST);
+                }
                 match core.rename(parent.0, &name, newparent.0, &newname).await {
                     Ok(()) => reply.ok(),
                     Err(e) => reply.error(errno("rename", &e)),

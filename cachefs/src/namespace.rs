@@ -168,4 +168,16 @@ pub trait Namespace: Send + Sync + 'static {
         let e = NsError::ReadOnly(self.describe());
         Box::pin(async move { Err(e) })
     }
+
+    /// Every file under the directory `dir`, at any depth, by path.
+    fn list_tree(&self, _dir: &str) -> BoxFuture<'static, Result<Vec<String>, NsError>> {
+        let e = NsError::ReadOnly(self.describe());
+        Box::pin(async move { Err(e) })
+    }
+
+    /// Copies the file at `from` to `to`, replacing it. Returns the new node.
+    fn copy(&self, _from: &str, _to: &str) -> BoxFuture<'static, Result<Node, NsError>> {
+        let e = NsError::ReadOnly(self.describe());
+        Box::pin(async move { Err(e) })
+    }
 }

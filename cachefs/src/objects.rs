@@ -185,4 +185,28 @@ impl Namespace for ObjectNamespace {
         let (source, from, to) = (self.source.clone(), self.key(from), self.key(to));
         async move { Ok(Self::node(source.rename(&from, &to).await?)) }.boxed()
     }
+
+    fn list_tree(&self, dir: &str) -> BoxFuture<'static, Result<Vec<String>, NsError>> {
+        let (source, prefix) = (self.source.clone(), format!("{}/", self.key(dir)));
+        let root = if self.root.is_empty() { String::new() } else { format!("{}/", self.root) };
+        async move {
+            let objects = source.list(&prefix).await?;
+            Ok(objects
+                .into_iter()
+                .filter_map(|o| o.path.strip_prefix(&root).map(str::to_string))
+                // Directory markers are not files; the tree's keys make its directories.
+                .filter(|p| !p.ends_with('/'))
+                .collect())
+        }
+        .boxed()
+    }
+
+    fn copy(&self, from: &str, to: &str) -> BoxFuture<'static, Result<Node, NsError>> {
+        let (source, from, to) = (self.source.clone(), self.key(from), self.key(to));
+        async move {
+            source.copy(&from, &to).await?;
+            Ok(Self::node(source.head(&to).await?))
+        }
+        .boxed()
+    }
 }

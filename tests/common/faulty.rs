@@ -3,7 +3,8 @@
 //! (a registry gone mid-pull), or refuse single-request copies (S3's 5 GiB copy limit), or
 //! flip a byte in every ranged answer (a registry serving corrupt bytes), or cut blob answers
 //! short (a truncated blob), or refuse uploads after the first few (a push that fails part-way),
-//! or hold ranged answers back (a slow link), or ignore suffix ranges (an older server).
+//! or hold ranged answers back (a slow link), or hang after a few requests (a store that stops
+//! answering mid-operation), or ignore suffix ranges (an older server).
 //! One request per connection, so each answer can be changed whole; request bodies with a
 //! Content-Length are passed on. It notes the body size of each blob it answers, so a test can
 //! count what its own node fetched while other tests use the same registry.
@@ -26,6 +27,9 @@ pub enum Fault {
     /// Pass the first `after` requests whose request line contains `pattern`, then close the
     /// connection on the rest.
     RefuseAfter { pattern: String, after: usize },
+    /// Pass the first `after` requests whose request line contains `pattern`, then never
+    /// answer the rest: a store that hangs part-way through, for a process killed meanwhile.
+    HoldAfter { pattern: String, after: usize },
     /// Hold back the answer to every ranged request that names its first byte (`bytes=N-M`,
     /// not a suffix `bytes=-N`) this long: a prefetch or a chunk read on a slow link.
     DelayRanges(std::time::Duration),
@@ -106,6 +110,16 @@ fn relay(
             && request_line.contains(pattern.as_str())
         {
             if *after == 0 {
+                return Ok(());
+            }
+            *after -= 1;
+        }
+        if let Fault::HoldAfter { pattern, after } = &mut *f
+            && request_line.contains(pattern.as_str())
+        {
+            if *after == 0 {
+                drop(f);
+                std::thread::sleep(std::time::Duration::from_secs(600));
                 return Ok(());
             }
             *after -= 1;

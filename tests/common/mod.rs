@@ -14,6 +14,7 @@ pub mod containerd;
 pub mod faulty;
 pub mod mount;
 pub mod node;
+pub mod s3;
 pub mod tree;
 #[allow(unused_imports)]
 pub use mount::{Mount, mounted};

@@ -30,6 +30,8 @@ pub const FS_OPENS: &str = "strata_fs_opens";
 pub const FS_PARTS_WHILE_WRITING: &str = "strata_fs_parts_sent_while_writing";
 pub const FS_FOREIGN_FLUSHES: &str = "strata_fs_flushes_by_other_processes";
 pub const FS_UPLOADS_ABORTED_AT_START: &str = "strata_fs_uploads_aborted_at_start";
+pub const FS_DIR_RENAME_OBJECTS: &str = "strata_fs_directory_rename_objects";
+pub const FS_RENAMES_FINISHED_AT_START: &str = "strata_fs_directory_renames_finished_at_start";
 pub const SNAPSHOT_REQUESTS: &str = "strata_snapshotter_requests";
 pub const SNAPSHOT_LAYERS: &str = "strata_snapshotter_layers";
 pub const LAYER_CHUNK_REJECTS: &str = "strata_snapshotter_chunks_rejected";
@@ -98,6 +100,10 @@ pub struct Metrics {
     pub fs_foreign_flushes: Counter,
     /// Unfinished uploads of a crashed run that a start aborted.
     pub fs_uploads_aborted_at_start: Counter,
+    /// Objects copied to a new name by directory renames.
+    pub fs_dir_rename_objects: Counter,
+    /// Directory renames a crashed run left half done, finished at the next start.
+    pub fs_renames_finished_at_start: Counter,
     pub snapshot_requests: Family<SnapshotRequestLabel, Counter>,
     pub snapshot_layers: Family<LayerLabel, Counter>,
     /// Chunks of lazy layers whose bytes did not decode to their TOC digest.
@@ -176,6 +182,16 @@ impl Metrics {
             FS_UPLOADS_ABORTED_AT_START,
             "Multipart uploads a crashed run left unfinished, aborted at the next start so their parts leave the store",
             self.fs_uploads_aborted_at_start.clone(),
+        );
+        r.register(
+            FS_DIR_RENAME_OBJECTS,
+            "Objects copied to a new name by directory renames (each a server-side copy and a delete)",
+            self.fs_dir_rename_objects.clone(),
+        );
+        r.register(
+            FS_RENAMES_FINISHED_AT_START,
+            "Directory renames a crashed run left half done, finished at the next start",
+            self.fs_renames_finished_at_start.clone(),
         );
         r.register(
             SNAPSHOT_REQUESTS,

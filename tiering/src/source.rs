@@ -200,8 +200,11 @@ impl ObjectSource {
                 let dir = c.path.clone().unwrap_or_else(|| default_dir.to_path_buf());
                 std::fs::create_dir_all(&dir)
                     .map_err(|e| cfg_err("path", format!("cannot create {}: {e}", dir.display())))?;
+                // Directories go with their last file, as prefixes do on S3: an emptied directory
+                // would otherwise still be listed after its files were removed or renamed.
                 let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
-                    .map_err(|e| cfg_err("path", e.to_string()))?;
+                    .map_err(|e| cfg_err("path", e.to_string()))?
+                    .with_automatic_cleanup(true);
                 (Arc::new(fs), format!("local dir {}", dir.display()))
             }
             ColdKind::S3 => {
@@ -534,17 +537,22 @@ impl ObjectSource {
         self.bounded("DELETE", path, self.store.delete(&loc)).await
     }
 
-    /// Server-side copy, then delete of the source: what S3 offers for a rename. The copy is
-    /// one request; an object over `single_copy_limit` that the store refuses to copy at once
-    /// is copied in parts. Stores that copy any size at once, as Ceph RGW does without moving
-    /// the data, keep the single request.
+    /// Server-side copy, then delete of the source: what S3 offers for a rename.
     pub async fn rename(&self, from: &str, to: &str) -> Result<ObjectInfo, SourceError> {
+        self.copy(from, to).await?;
+        self.delete(from).await?;
+        self.head(to).await
+    }
+
+    /// Server-side copy, replacing `to`. One request; an object over `single_copy_limit` that
+    /// the store refuses to copy at once is copied in parts. Stores that copy any size at once,
+    /// as Ceph RGW does without moving the data, keep the single request.
+    pub async fn copy(&self, from: &str, to: &str) -> Result<(), SourceError> {
         let (a, b) = (self.location(from), self.location(to));
         if let Err(refused) = self.bounded("COPY", from, self.store.copy(&a, &b)).await {
             self.copy_in_parts(from, &a, &b, refused).await?;
         }
-        self.delete(from).await?;
-        self.head(to).await
+        Ok(())
     }
 
     /// After the store refused a single copy: the copy in parts, if the object is over the
