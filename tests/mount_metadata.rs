@@ -147,3 +147,38 @@ fn fuse_root_rgw_namespace_snapshot_is_shared_across_mounts() {
     assert_eq!(tree_of(&fourth.mnt), ["a/b/y.bin", "a/late.bin", "a/x.bin", "z.bin"]);
     assert!(fourth.log().contains("namespace snapshot unreadable"), "{}", fourth.log());
 }
+
+/// The blocks, available blocks and block size of the file system holding `path`, as `stat -f`
+/// gives them.
+fn statfs(path: &std::path::Path) -> (u64, u64, u64) {
+    let out = std::process::Command::new("stat").args(["-f", "-c", "%b %a %S"]).arg(path).output().unwrap();
+    assert!(out.status.success(), "stat -f {}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
+    let v: Vec<u64> = String::from_utf8_lossy(&out.stdout).split_whitespace().map(|n| n.parse().unwrap()).collect();
+    (v[0], v[1], v[2])
+}
+
+/// `df` on a writable mount shows the disk its writes are staged on, which is what a writer can
+/// count on before its upload; a read-only mount shows no room. Tools that check the free space
+/// before they write (Hugging Face `datasets` does, with `shutil.disk_usage`) decide by it.
+#[test]
+#[ignore = "needs root and /dev/fuse: run by .ci/run"]
+fn fuse_root_df_shows_the_staging_disks_room_for_writes() {
+    let src = tempfile::tempdir().unwrap();
+    let m = Mount::start(src.path().to_str().unwrap(), &[]);
+    let staging = m._dir.path().join("state/staging");
+    let (blocks, avail, bsize) = statfs(&m.mnt);
+    let (s_blocks, s_avail, s_bsize) = statfs(&staging);
+    assert_eq!((blocks, bsize), (s_blocks, s_bsize), "the staging disk's size");
+    // Other tests write to the same disk meanwhile.
+    assert!(avail > 0 && avail.abs_diff(s_avail) < s_blocks / 20, "room: {avail} against {s_avail}");
+    let py = std::process::Command::new("python3")
+        .args(["-c", "import shutil, sys; print(shutil.disk_usage(sys.argv[1]).free)"])
+        .arg(&m.mnt)
+        .output()
+        .unwrap();
+    let free: u64 = String::from_utf8_lossy(&py.stdout).trim().parse().unwrap();
+    assert!(free > 0 && free.abs_diff(avail * bsize) < s_blocks * bsize / 20, "shutil.disk_usage: {free}");
+
+    let ro = Mount::start(src.path().to_str().unwrap(), &["--read-only"]);
+    assert_eq!(statfs(&ro.mnt).1, 0, "a read-only mount has no room for writes");
+}

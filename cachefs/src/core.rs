@@ -344,6 +344,11 @@ impl FsCore {
         self.opts.staging_dir.is_some()
     }
 
+    /// Where writes are staged; `None` for a read-only mount.
+    pub fn staging_dir(&self) -> Option<&std::path::Path> {
+        self.opts.staging_dir.as_deref()
+    }
+
     pub fn describe(&self) -> String {
         self.ns.describe()
     }

@@ -76,6 +76,14 @@ pub async fn mount_dataset(
         return Err(MountError::Source { path: spec.path.display().to_string(), message: e.to_string() });
     }
     let staging_dir = (!spec.read_only).then(|| spec.staging_dir.clone());
+    if let Some(dir) = &staging_dir {
+        // Here, not at the first write: a staging dir that cannot be made fails the mount with
+        // its reason, and `df` on the mount has a disk to show from the start.
+        std::fs::create_dir_all(dir).map_err(|e| MountError::Source {
+            path: spec.path.display().to_string(),
+            message: format!("cannot create the staging dir {}: {e}", dir.display()),
+        })?;
+    }
     let ns_for_snapshot = ns.clone();
     let core = Arc::new(FsCore::new(
         Arc::new(ns),

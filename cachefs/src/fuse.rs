@@ -9,8 +9,8 @@ use crate::openers::Openers;
 use crate::passthrough::{IoModes, Mode};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
-    OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite,
-    ReplyXattr, Request, WriteFlags,
+    OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::sync::Arc;
@@ -386,6 +386,33 @@ impl Filesystem for StrataFs {
             }
             .instrument(info_span!("fuse", op = "rename")),
         );
+    }
+
+    /// What `df` and `statvfs` show. A writable mount stages every write on local disk before
+    /// it goes up, so the staging disk's room is what a writer can count on: a checkpoint
+    /// larger than its free space fails with `ENOSPC`. Tools that check free space before they
+    /// write (Hugging Face `datasets`, for one) then decide right, where a made-up or zero size
+    /// would fail them or mislead them. A read-only mount has no room for writes.
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        // S3 sets no limit on the number of objects.
+        const FILES: u64 = 1 << 32;
+        match self.core.staging_dir().map(nix::sys::statvfs::statvfs) {
+            Some(Ok(s)) => reply.statfs(
+                s.blocks(),
+                s.blocks_free(),
+                s.blocks_available(),
+                FILES,
+                FILES,
+                s.block_size() as u32,
+                255,
+                s.fragment_size() as u32,
+            ),
+            Some(Err(e)) => {
+                warn!(error = %e, "statfs of the staging dir failed");
+                reply.error(Errno::from_i32(e as i32))
+            }
+            None => reply.statfs(0, 0, 0, FILES, 0, 4096, 255, 4096),
+        }
     }
 
     fn link(&self, _req: &Request, _ino: INodeNo, _newparent: INodeNo, _newname: &OsStr, reply: ReplyEntry) {
