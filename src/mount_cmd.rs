@@ -164,9 +164,6 @@ pub async fn run(a: MountArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
     };
     let mounted =
         mount_dataset(&spec, source, cache.clone()).await.with_context(|| format!("cannot mount {}", a.source))?;
-    for line in &mounted.leftovers {
-        eprintln!("staged file from a previous run: {line}");
-    }
     eprintln!("mounted {} at {}", a.source, a.mountpoint.display());
     shutdown.await;
     tokio::task::spawn_blocking(move || mounted.unmount()).await?.context("unmounting")?;
@@ -175,12 +172,21 @@ pub async fn run(a: MountArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
     Ok(())
 }
 
+/// The staging dir of a declared mount, named by its mount point and prefix, not by its place
+/// in the config: files a crash left staged are then uploaded by the same mount after a restart,
+/// even if the config's mounts were reordered, removed or added meanwhile, and never into
+/// another mount's prefix. `%` and `/` are escaped, so that no two mounts share a name.
+fn staging_name(path: &std::path::Path, prefix: &str) -> String {
+    let escape = |s: &str| s.replace('%', "%25").replace('/', "%2F");
+    format!("{}@{}", escape(&path.to_string_lossy()), escape(prefix))
+}
+
 /// Mounts the `[[mounts]]` of the daemon's config on its cold store and cache, so `strata tier`
 /// sees and steers their data. A mount that fails is logged and skipped: the node's cache and
 /// the other mounts stay up.
 pub async fn mount_declared(agent: &strata_tiering::agent::Agent) -> Vec<strata_cachefs::Mounted> {
     let mut out = Vec::new();
-    for (i, m) in agent.config.mounts.iter().enumerate() {
+    for m in &agent.config.mounts {
         let spec = DatasetMount {
             path: m.path.clone(),
             prefix: m.prefix.clone(),
@@ -191,7 +197,7 @@ pub async fn mount_declared(agent: &strata_tiering::agent::Agent) -> Vec<strata_
             allow_other: m.allow_other,
             part_size: m.part_size.0 as usize,
             upload_parallel: m.upload_parallel,
-            staging_dir: agent.config.state_dir.join("staging").join(i.to_string()),
+            staging_dir: agent.config.state_dir.join("staging").join(staging_name(&m.path, &m.prefix)),
             upload_leftovers: m.leftovers == "upload",
             memory_budget: m.memory_budget.0,
             passthrough: m.passthrough,

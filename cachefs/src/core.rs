@@ -270,7 +270,7 @@ impl FsCore {
     /// Deals with files staged by a previous run. A complete one (its writer had flushed or
     /// closed it, and the upload may have been cut short) is uploaded again when `upload` is set;
     /// an incomplete one (cut off mid-write) is never uploaded, because the object must be absent
-    /// or whole. Returns one line per file for the operator.
+    /// or whole. Returns one line per file for the operator, which the caller logs.
     pub async fn recover_staged(&self, upload: bool) -> Vec<String> {
         let Some(dir) = &self.opts.staging_dir else { return Vec::new() };
         let mut report = Vec::new();
@@ -319,7 +319,6 @@ impl FsCore {
                     ),
                 }
             };
-            tracing::warn!("{line}");
             report.push(line);
         }
         staging::remove_orphans(dir);

@@ -130,7 +130,7 @@ pub async fn mount_dataset(
         .await
         .map_err(|e| MountError::Source { path: spec.path.display().to_string(), message: e.to_string() })??;
     for l in &leftovers {
-        warn!(mountpoint = %spec.path.display(), "staged file from a previous run: {l}");
+        warn!(mountpoint = %spec.path.display(), "left by a previous run: {l}");
     }
     Ok(Mounted { session, path: spec.path.clone(), leftovers })
 }

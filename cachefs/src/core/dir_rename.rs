@@ -270,7 +270,7 @@ impl FsCore {
 
     /// Finishes directory renames that a crash cut short: what is still under the old name is
     /// copied to the new one and then deleted there. Returns one line per rename for the
-    /// operator.
+    /// operator, which the caller logs.
     pub async fn recover_renames(&self) -> Vec<String> {
         let Some(dir) = &self.opts.staging_dir else { return Vec::new() };
         let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
@@ -293,7 +293,6 @@ impl FsCore {
                 Ok(j) => j,
                 Err(e) => {
                     let line = format!("{}: unreadable rename journal ({e}); kept", path.display());
-                    tracing::warn!("{line}");
                     report.push(line);
                     continue;
                 }
@@ -321,7 +320,6 @@ impl FsCore {
                     }
                 },
             };
-            tracing::warn!("{line}");
             report.push(line);
         }
         report
