@@ -5,12 +5,15 @@
 #   random fio 256 KiB random reads, warm, strata vs the local copy
 #   meta   find + stat over FILES small objects: s3fs, rclone, strata, cold and cached
 #   ckpt   a checkpoint written through strata (dd conv=fsync, mv) vs a raw multipart upload
+#   dirmv  mv of a directory of DIR_FILES objects (a checkpoint renamed into place): s3fs, rclone,
+#          strata
 # and prints a markdown table of the figures and ratios, also written to target/bench-cachefs.md.
 #
 #   bash benches/cachefs.sh
 #
 # Env: SIZE_MB=1024 (read object), FILES=100000 (meta objects), CKPT_MB=4096 (checkpoint),
-#      ONLY=cold,warm,random,meta,ckpt (subset), FIO_RUNTIME=20 (s per fio run),
+#      DIR_FILES=1000 (objects of 16 KiB in the renamed directory),
+#      ONLY=cold,warm,random,meta,ckpt,dirmv (subset), FIO_RUNTIME=20 (s per fio run),
 #      ROUNDS=3 (each bench but meta runs this many times; the report gives medians),
 #      BENCH_DIR (scratch dir, default a new /var/tmp/strata-bench.XXXXXX; strata's state dir and
 #      the local copies live there, so they share a disk), TIMEOUT=1800 (s per timed operation),
@@ -23,16 +26,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
-SIZE_MB=${SIZE_MB:-1024} FILES=${FILES:-100000} CKPT_MB=${CKPT_MB:-4096}
-ONLY=${ONLY:-cold,warm,random,meta,ckpt} FIO_RUNTIME=${FIO_RUNTIME:-20} TIMEOUT=${TIMEOUT:-1800}
+SIZE_MB=${SIZE_MB:-1024} FILES=${FILES:-100000} CKPT_MB=${CKPT_MB:-4096} DIR_FILES=${DIR_FILES:-1000}
+ONLY=${ONLY:-cold,warm,random,meta,ckpt,dirmv} FIO_RUNTIME=${FIO_RUNTIME:-20} TIMEOUT=${TIMEOUT:-1800}
 ROUNDS=${ROUNDS:-3}
 STRATA_CHUNK=${STRATA_CHUNK:-8MiB}
 MOUNT_TIMEOUT=60
-for v in SIZE_MB FILES CKPT_MB FIO_RUNTIME TIMEOUT ROUNDS; do
+for v in SIZE_MB FILES CKPT_MB DIR_FILES FIO_RUNTIME TIMEOUT ROUNDS; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "$v must be a positive integer, got '${!v}'" >&2; exit 2; }
 done
 for b in ${ONLY//,/ }; do
-  [[ $b =~ ^(cold|warm|random|meta|ckpt)$ ]] || { echo "ONLY: unknown bench '$b'" >&2; exit 2; }
+  [[ $b =~ ^(cold|warm|random|meta|ckpt|dirmv)$ ]] || { echo "ONLY: unknown bench '$b'" >&2; exit 2; }
 done
 want() { [[ ,$ONLY, == *,$1,* ]]; }
 
@@ -436,6 +439,43 @@ ckpt_raw() {
   result ckpt.raw "$(printf '%.3f' "$secs")"
 }
 
+# keys_under PREFIX: how many objects RGW holds under PREFIX, markers aside. Page by page: RGW may end a page
+# early (IsTruncated with fewer keys than asked for), as S3 allows.
+keys_under() {
+  local n=0 token= page q
+  while :; do
+    # SigV4 wants the query in order and encoded, which curl leaves to the caller.
+    q="list-type=2&max-keys=1000&prefix=$(enc "$1")"
+    [[ -z $token ]] || q="continuation-token=$(enc "$token")&$q"
+    page=$(s3 "$URL/$BUCKET/?$q")
+    # Directory markers (keys ending in /, which s3fs makes for each directory it moves) are
+    # not the objects moved.
+    n=$((n + $({ grep -o '<Key>[^<]*</Key>' <<<"$page" || true; } | { grep -vc '/</Key>$' || true; })))
+    [[ $page == *'<IsTruncated>true</IsTruncated>'* ]] || break
+    token=$(sed -n 's/.*<NextContinuationToken>\([^<]*\)<.*/\1/p' <<<"$page")
+  done
+  echo "$n"
+}
+enc() { python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$1"; }
+# dirmv_fs TOOL ARGS...: DIR_FILES objects under a directory of their own, renamed through the
+# tool's mount with mv; timed until mv returns, then checked in the store: all under the new
+# name, none under the old.
+dirmv_fs() {
+  local from=bench/dirmv-$1-r$round.tmp to=bench/dirmv-$1-r$round t0 secs out
+  out=$("$BIN/raw_s3" put-many "$BUCKET" "$from" "$DIR_FILES" --size 16384 --parallel 64)
+  "start_$1" "dirmv-$1" "${@:2}"
+  t0=$EPOCHREALTIME
+  out=$(timeout -k 10 "$TIMEOUT" mv "$MNT/$from" "$MNT/$to" 2>&1) || { log "mv through $1 failed: $out"; return 1; }
+  secs=$(elapsed "$t0" "$EPOCHREALTIME")
+  stop_mount "$MPID" "$MNT"
+  [[ $(keys_under "$to/") == "$DIR_FILES" && $(keys_under "$from/") == 0 ]] ||
+    { log "after $1's mv: $(keys_under "$to/") objects under the new name, $(keys_under "$from/") under the old"; return 1; }
+  result "dirmv.$1" "$secs"
+}
+dirmv_s3fs() { dirmv_fs s3fs; }
+dirmv_rclone() { dirmv_fs rclone; }
+dirmv_strata() { dirmv_fs strata strata-dirmv fresh; }
+
 # --- build, start, upload ----------------------------------------------------------------------
 if [[ -z ${SKIP_BUILD:-} ]]; then
   log "building strata and the raw_s3 bench (release)"
@@ -515,6 +555,9 @@ for round in $(seq "$ROUNDS"); do
     step "random read: strata" random_pt
     [[ -z $HAVE_NOPT ]] || step "random read: strata --no-passthrough" random_nopt
   fi
+  if want dirmv; then
+    for t in s3fs rclone strata; do step "directory rename: $t" "dirmv_$t"; done
+  fi
   if want ckpt; then
     step "checkpoint: strata" ckpt_strata
     step "checkpoint: raw" ckpt_raw
@@ -585,7 +628,8 @@ env_prefix=""
 [[ $SIZE_MB == 1024 ]] || env_prefix+="SIZE_MB=$SIZE_MB "
 [[ $FILES == 100000 ]] || env_prefix+="FILES=$FILES "
 [[ $CKPT_MB == 4096 ]] || env_prefix+="CKPT_MB=$CKPT_MB "
-[[ $ONLY == cold,warm,random,meta,ckpt ]] || env_prefix+="ONLY=$ONLY "
+[[ $DIR_FILES == 1000 ]] || env_prefix+="DIR_FILES=$DIR_FILES "
+[[ $ONLY == cold,warm,random,meta,ckpt,dirmv ]] || env_prefix+="ONLY=$ONLY "
 [[ $ROUNDS == 3 ]] || env_prefix+="ROUNDS=$ROUNDS "
 [[ $FIO_RUNTIME == 20 ]] || env_prefix+="FIO_RUNTIME=$FIO_RUNTIME "
 [[ $STRATA_CHUNK == 8MiB ]] || env_prefix+="STRATA_CHUNK=$STRATA_CHUNK "
@@ -632,6 +676,11 @@ report() {
       peer=$(best min "$s3fs" "$rclone")
       echo "| find + stat, $FILES files, $m (s) | s3fs $s3fs, rclone $rclone | $strata | $(ratio "$peer" "$strata") (best peer time / strata time) | - | - |"
     done
+  fi
+  if want dirmv; then
+    s3fs=$(get dirmv.s3fs) rclone=$(get dirmv.rclone) strata=$(get dirmv.strata)
+    r1=$(rratio best:min:dirmv.s3fs,dirmv.rclone dirmv.strata)
+    echo "| directory rename, $DIR_FILES objects of 16 KiB, mv (s) | s3fs $s3fs, rclone $rclone | $strata | $r1 (best peer time / strata time) | - | - |"
   fi
   if want ckpt; then
     raw=$(get ckpt.raw) strata=$(get ckpt.strata)

@@ -164,6 +164,22 @@ pub trait Namespace: Send + Sync + 'static {
         Box::pin(async move { Err(e) })
     }
 
+    /// Deletes every file of `paths`; one already gone counts as deleted. Returns the first
+    /// failure, with its path. The default deletes one by one; stores that delete in bulk do
+    /// better.
+    fn remove_all(&self, paths: Vec<String>) -> BoxFuture<'_, Result<(), (String, NsError)>> {
+        Box::pin(async move {
+            for p in paths {
+                match self.remove(&p).await {
+                    Err(NsError::Source(e)) if e.is_not_found() => {}
+                    Err(e) => return Err((p, e)),
+                    Ok(()) => {}
+                }
+            }
+            Ok(())
+        })
+    }
+
     fn rename(&self, _from: &str, _to: &str) -> BoxFuture<'static, Result<Node, NsError>> {
         let e = NsError::ReadOnly(self.describe());
         Box::pin(async move { Err(e) })

@@ -181,6 +181,17 @@ impl Namespace for ObjectNamespace {
         async move { Ok(source.delete(&path).await?) }.boxed()
     }
 
+    fn remove_all(&self, paths: Vec<String>) -> BoxFuture<'_, Result<(), (String, NsError)>> {
+        let keys: Vec<String> = paths.iter().map(|p| self.key(p)).collect();
+        async move {
+            self.source.delete_many(&keys).await.map_err(|(key, e)| {
+                let at = keys.iter().position(|k| *k == key).map(|i| paths[i].clone()).unwrap_or(key);
+                (at, NsError::from(e))
+            })
+        }
+        .boxed()
+    }
+
     fn rename(&self, from: &str, to: &str) -> BoxFuture<'static, Result<Node, NsError>> {
         let (source, from, to) = (self.source.clone(), self.key(from), self.key(to));
         async move { Ok(Self::node(source.rename(&from, &to).await?)) }.boxed()

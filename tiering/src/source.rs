@@ -537,6 +537,30 @@ impl ObjectSource {
         self.bounded("DELETE", path, self.store.delete(&loc)).await
     }
 
+    /// Deletes `paths`, in batches of 1,000, which S3 stores delete in one request each
+    /// (DeleteObjects); each batch is bounded by the timeout. An object already gone counts as
+    /// deleted. Returns the first failure, with its path.
+    pub async fn delete_many(&self, paths: &[String]) -> Result<(), (String, SourceError)> {
+        for batch in paths.chunks(1000) {
+            let locs: Vec<object_store::Result<ObjPath>> = batch.iter().map(|p| Ok(self.location(p))).collect();
+            let deleting = self.store.delete_stream(futures::stream::iter(locs).boxed()).collect::<Vec<_>>();
+            let results =
+                self.bounded("DELETE", &batch[0], deleting.map(Ok)).await.map_err(|e| (batch[0].clone(), e))?;
+            for (path, r) in batch.iter().zip(results) {
+                match r {
+                    Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(source) => {
+                        let store = self.describe.clone();
+                        let e =
+                            SourceError::Request { op: "DELETE", path: path.clone(), store, source: Box::new(source) };
+                        return Err((path.clone(), e));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Server-side copy, then delete of the source: what S3 offers for a rename.
     pub async fn rename(&self, from: &str, to: &str) -> Result<ObjectInfo, SourceError> {
         self.copy(from, to).await?;

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// Copies and deletes in flight.
-const PARALLEL: usize = 8;
+const PARALLEL: usize = 16;
 
 /// Journal files are `rename-<nanos>.journal`, apart from the staged files' numbered names.
 const JOURNAL_PREFIX: &str = "rename-";
@@ -42,10 +42,6 @@ fn write_journal(dir: &Path, j: &Journal) -> std::io::Result<PathBuf> {
     f.sync_all()?;
     std::fs::File::open(dir)?.sync_all()?;
     Ok(path)
-}
-
-fn is_not_found(e: &NsError) -> bool {
-    matches!(e, NsError::Source(s) if s.is_not_found())
 }
 
 impl FsCore {
@@ -182,23 +178,10 @@ impl FsCore {
         }
     }
 
-    /// Deletes `paths`; an object already gone counts as deleted. Returns the first failure.
+    /// Deletes `paths`, in bulk where the store can; an object already gone counts as
+    /// deleted. Returns the first failure.
     async fn remove_all(&self, paths: impl Iterator<Item = String>) -> Option<(String, NsError)> {
-        let mut removals = futures::stream::iter(paths.map(|p| {
-            let r = self.ns.remove(&p);
-            async move { (p, r.await) }
-        }))
-        .buffer_unordered(PARALLEL);
-        let mut failed = None;
-        while let Some((p, r)) = removals.next().await {
-            if let Err(e) = r
-                && !is_not_found(&e)
-                && failed.is_none()
-            {
-                failed = Some((p, e));
-            }
-        }
-        failed
+        self.ns.remove_all(paths.collect()).await.err()
     }
 
     /// Gives every inode under `from` its path under `to`, keeping its number, as a local file
