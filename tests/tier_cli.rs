@@ -143,3 +143,39 @@ fn sigterm_stops_cleanly_and_removes_the_socket() {
     assert!(!d.socket.exists());
     assert!(d.log().contains("shutting down"));
 }
+
+/// Every metric the Grafana dashboard in deploy/ queries is one the daemon exports (or, for a
+/// family with labels and no sample yet, registers), so no panel of it stays empty for want of
+/// a renamed or misspelt metric.
+#[test]
+fn the_dashboard_queries_only_metrics_the_daemon_exports() {
+    let (d, _) = local_daemon();
+    let text = d.metrics_text();
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string("deploy/grafana/strata-tiering.json").unwrap()).unwrap();
+    let mut exprs = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for t in panel["targets"].as_array().into_iter().flatten() {
+            exprs.push(t["expr"].as_str().unwrap().to_string());
+        }
+    }
+    assert!(exprs.len() >= 20, "the dashboard's queries were not found: {exprs:?}");
+    let mut names: Vec<String> = Vec::new();
+    for e in &exprs {
+        for word in e.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if word.starts_with("strata_") {
+                let base = ["_total", "_bucket", "_sum", "_count"].iter().find_map(|s| word.strip_suffix(s));
+                names.push(base.unwrap_or(word).to_string());
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    // A family with labels shows in the output only once it has a sample; the names the daemon
+    // registers are the constants of its metrics module.
+    let registered = std::fs::read_to_string("tiering/src/metrics.rs").unwrap();
+    let known = |n: &str| text.contains(&format!("# TYPE {n} ")) || registered.contains(&format!("\"{n}\""));
+    let missing: Vec<&String> = names.iter().filter(|n| !known(n)).collect();
+    assert!(missing.is_empty(), "the dashboard queries metrics the daemon does not export: {missing:?}\n{text}");
+    assert!(names.len() >= 15 && names.iter().filter(|n| text.contains(&format!("# TYPE {n} "))).count() >= 8);
+}
