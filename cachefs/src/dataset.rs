@@ -115,6 +115,10 @@ pub async fn mount_dataset(
     // After the staged files: one that was still being written inside a directory when a
     // crash cut its rename short has gone up under the old name, and moves with the rest.
     leftovers.extend(core.recover_renames().await);
+    // Before the mount goes live: whoever sees it mounted can already read what its start did.
+    for l in &leftovers {
+        warn!(mountpoint = %spec.path.display(), "left by a previous run: {l}");
+    }
     let kernel = spec.metadata_ttl.unwrap_or(Duration::from_secs(365 * 86400));
     let opts = MountOptions {
         ttl: KernelTtl { entry: kernel, attr: kernel },
@@ -129,9 +133,6 @@ pub async fn mount_dataset(
     let session = tokio::task::spawn_blocking(move || crate::mount::mount(core, &path, rt, &opts))
         .await
         .map_err(|e| MountError::Source { path: spec.path.display().to_string(), message: e.to_string() })??;
-    for l in &leftovers {
-        warn!(mountpoint = %spec.path.display(), "left by a previous run: {l}");
-    }
     Ok(Mounted { session, path: spec.path.clone(), leftovers })
 }
 
