@@ -1172,6 +1172,11 @@ mod tests_support {
     use strata_tiering::units::ByteSize;
     use strata_tiering::{CacheConfig, Policy, TierConfig};
 
+    /// What the cold store of [`setup`] holds at `rel`.
+    pub fn cold(dir: &std::path::Path, rel: &str) -> Option<Vec<u8>> {
+        std::fs::read(dir.join("cold").join(rel)).ok()
+    }
+
     pub fn setup(dir: &std::path::Path) -> FsCore {
         setup_with_parts(dir, 8 << 20)
     }
@@ -1252,7 +1257,7 @@ mod tests {
 
 #[cfg(test)]
 mod write_tests {
-    use super::tests_support::setup;
+    use super::tests_support::{cold, setup};
     use super::*;
 
     #[tokio::test]
@@ -1270,10 +1275,6 @@ mod write_tests {
     async fn dir_e(fs: &FsCore) -> Attr {
         let d = fs.lookup(ROOT, "d").await.unwrap();
         fs.lookup(d.ino, "e").await.unwrap()
-    }
-
-    fn cold(dir: &std::path::Path, rel: &str) -> Option<Vec<u8>> {
-        std::fs::read(dir.join("cold").join(rel)).ok()
     }
 
     #[tokio::test]

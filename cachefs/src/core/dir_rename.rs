@@ -312,12 +312,8 @@ impl FsCore {
 #[cfg(test)]
 mod tests {
     use super::super::ROOT;
-    use super::super::tests_support::setup;
+    use super::super::tests_support::{cold, setup};
     use super::*;
-
-    fn cold(dir: &Path, rel: &str) -> Option<Vec<u8>> {
-        std::fs::read(dir.join("cold").join(rel)).ok()
-    }
 
     async fn write(fs: &FsCore, parent: u64, name: &str, data: &[u8]) -> u64 {
         let (a, fh) = fs.create(parent, name).await.unwrap();
