@@ -26,7 +26,7 @@ enum Command {
     Daemon(DaemonArgs),
     /// Inspect and steer the tiered cache of a running daemon.
     Tier(tier_cmd::TierArgs),
-    /// Mount a bucket prefix (or a local directory) read-only through the tiered cache.
+    /// Mount a bucket prefix (or a local directory) through the tiered cache: reads, and checkpoint writes.
     Mount(Box<mount_cmd::MountArgs>),
     /// Inspect the image layers the daemon's snapshotter serves.
     Image(image_cmd::ImageArgs),

@@ -18,6 +18,7 @@ pub struct MountArgs {
     /// Tiers and cache state of this mount.
     #[arg(long, default_value = "/var/lib/strata/mount")]
     state_dir: PathBuf,
+    /// Room the hot tier (under STATE_DIR/hot) may fill before it evicts.
     #[arg(long, default_value = "10GiB", value_parser = ByteSize::parse)]
     hot_capacity: ByteSize,
     /// 0 disables the warm tier.
@@ -47,6 +48,8 @@ pub struct MountArgs {
     /// The dataset never changes while mounted: cache metadata for as long as the mount lives.
     #[arg(long)]
     immutable: bool,
+    /// The unit in which objects are fetched and cached; large sequential reads go faster
+    /// with larger chunks, small random ones with smaller.
     #[arg(long, default_value = "1MiB", value_parser = ByteSize::parse)]
     chunk_size: ByteSize,
     /// Bytes of chunk fetches in flight, reads and read-ahead together.
@@ -206,6 +209,13 @@ pub async fn mount_declared(agent: &strata_tiering::agent::Agent) -> Vec<strata_
             snapshot_dir: m.snapshot.then(|| agent.config.state_dir.join("snapshots")),
             snapshot_max_age: m.snapshot_max_age.0,
         };
+        // A fresh node (or a DaemonSet's new hostPath) has no mount point yet. Only a path that
+        // is not there at all is made: a dead mount left at it answers ENOTCONN, and the mount
+        // detaches that itself.
+        if let Err(e) = make_mount_point(&m.path) {
+            tracing::error!(path = %m.path.display(), error = %e, "cannot create the mount point; skipping this mount");
+            continue;
+        }
         match mount_dataset(&spec, agent.source.clone(), agent.cache.clone()).await {
             Ok(mounted) => {
                 tracing::info!(path = %m.path.display(), prefix = %m.prefix, "dataset mounted");
@@ -215,6 +225,13 @@ pub async fn mount_declared(agent: &strata_tiering::agent::Agent) -> Vec<strata_
         }
     }
     out
+}
+
+fn make_mount_point(path: &std::path::Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir_all(path),
+        _ => Ok(()),
+    }
 }
 
 pub async fn unmount_all(mounts: Vec<strata_cachefs::Mounted>) {

@@ -315,6 +315,20 @@ fn fuse_root_bad_sources_fail_at_mount_time() {
     assert!(!none.status.success(), "a mount without credentials must fail");
     let text = String::from_utf8_lossy(&none.stderr);
     assert!(text.contains("no credentials") && text.contains("AWS_ACCESS_KEY_ID"), "{text}");
+    // A node (or a minimal container image) without the system's CA certificates: the client
+    // cannot be built even for plain HTTP, and the message says what to install.
+    let bare = Command::new(BIN)
+        .args(["mount", &format!("s3://{}/x", rgw.bucket), "--endpoint", &rgw.endpoint])
+        .arg(&mnt)
+        .arg("--state-dir")
+        .arg(dir.path().join("s"))
+        .env("SSL_CERT_FILE", dir.path().join("no-such-ca.pem"))
+        .env("SSL_CERT_DIR", dir.path().join("no-such-certs"))
+        .output()
+        .unwrap();
+    assert!(!bare.status.success(), "a mount without CA certificates must fail");
+    let text = String::from_utf8_lossy(&bare.stderr);
+    assert!(text.contains("No CA certificates") && text.contains("ca-certificates"), "{text}");
     let err = run(&["/nonexistent/dataset"]);
     assert!(err.contains("/nonexistent/dataset") && err.contains("not a directory"), "{err}");
     let err = run(&["gs://bucket/x"]);

@@ -58,7 +58,7 @@ impl Containerd {
         let disabled = if cri { "" } else { "disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n" };
         let own = format!(
             "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n{disabled}\
-             [grpc]\n  address = \"{address}\"\n",
+             [debug]\n  level = \"debug\"\n[grpc]\n  address = \"{address}\"\n",
             root = dir.join("root").display(),
             state = dir.join("state").display(),
             address = address.display(),

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 pub mod auth_registry;
 pub mod containerd;
 pub mod faulty;
+pub mod kube;
 pub mod mount;
 pub mod node;
 pub mod s3;

@@ -164,7 +164,7 @@ fn default_snapshotter_socket() -> PathBuf {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MountConfig {
-    /// Absolute path to mount at; it must exist.
+    /// Absolute path to mount at; the daemon creates it if missing.
     pub path: PathBuf,
     /// Prefix of the cold store to show ("" for all of it).
     #[serde(default)]

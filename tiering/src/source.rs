@@ -139,6 +139,19 @@ fn with_causes(e: &object_store::Error) -> String {
     out
 }
 
+/// Why the store's HTTP client could not be built. The TLS set-up loads the system's CA
+/// certificates even for a plain-HTTP endpoint, and a minimal container image has none.
+fn client_error(e: &object_store::Error) -> String {
+    let text = with_causes(e);
+    if text.contains("certificate") {
+        format!(
+            "{text} (install the system's CA certificates, Debian's ca-certificates, or name them with cold.ca_file)"
+        )
+    } else {
+        text
+    }
+}
+
 impl SourceError {
     /// The store said the object does not exist.
     pub fn is_not_found(&self) -> bool {
@@ -282,10 +295,10 @@ impl ObjectSource {
                     (None, true) => format!("https://s3.{region}.amazonaws.com/{bucket}"),
                     (None, false) => format!("https://{bucket}.s3.{region}.amazonaws.com"),
                 };
-                let s3 = Arc::new(b.build().map_err(|e| cfg_err("bucket", e.to_string()))?);
+                let s3 = Arc::new(b.build().map_err(|e| cfg_err("bucket", client_error(&e)))?);
                 let opts = opts.with_allow_http(c.allow_http);
                 let copier = PartCopier::new(s3.clone(), &opts, bucket_url, region, c)
-                    .map_err(|e| cfg_err("endpoint", e.to_string()))?;
+                    .map_err(|e| cfg_err("endpoint", client_error(&e)))?;
                 parts = Some(Arc::new(copier));
                 s3_client = Some(s3.clone());
                 let at = c.endpoint.clone().unwrap_or_else(|| "AWS S3".into());
