@@ -134,10 +134,15 @@ async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
     });
     let extra = snapshots.as_ref().map(|s| s.routes()).unwrap_or_default();
     let served = agent.run_with(stopped(), extra).await;
-    mount_cmd::unmount_all(mounts).await;
-    if let Some(running) = snapshots {
-        running.finish().await?;
-    }
+    // Datasets and image layers together, for the same reason as the mounts within each.
+    let layers = async {
+        match snapshots {
+            Some(running) => running.finish().await,
+            None => Ok(()),
+        }
+    };
+    let ((), finished) = tokio::join!(mount_cmd::unmount_all(mounts), layers);
+    finished?;
     Ok(served?)
 }
 

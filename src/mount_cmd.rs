@@ -234,13 +234,21 @@ fn make_mount_point(path: &std::path::Path) -> std::io::Result<()> {
     }
 }
 
+/// Unmounts every mount at once: each may wait for files still open on it, and one after
+/// another those waits would outlast the time systemd or kubelet gives the daemon to stop.
 pub async fn unmount_all(mounts: Vec<strata_cachefs::Mounted>) {
+    let mut all = tokio::task::JoinSet::new();
     for m in mounts {
-        let path = m.path.clone();
-        match tokio::task::spawn_blocking(move || m.unmount()).await {
-            Ok(Ok(())) => tracing::info!(path = %path.display(), "dataset unmounted"),
-            Ok(Err(e)) => tracing::warn!(path = %path.display(), error = %e, "unmount failed"),
-            Err(e) => tracing::warn!(path = %path.display(), error = %e, "unmount task failed"),
+        all.spawn_blocking(move || {
+            let path = m.path.clone();
+            (path, m.unmount())
+        });
+    }
+    while let Some(done) = all.join_next().await {
+        match done {
+            Ok((path, Ok(()))) => tracing::info!(path = %path.display(), "dataset unmounted"),
+            Ok((path, Err(e))) => tracing::warn!(path = %path.display(), error = %e, "unmount failed"),
+            Err(e) => tracing::warn!(error = %e, "unmount task failed"),
         }
     }
 }

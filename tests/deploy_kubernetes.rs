@@ -211,7 +211,9 @@ fn stop_agent(node: &Containerd, log: &Path) {
 
 /// `sh -c script` in the running container `id`.
 fn exec(node: &Containerd, id: &str, script: &str) -> std::process::Output {
-    node.ctr(&["tasks", "exec", "--exec-id", &format!("probe-{}", free_port()), id, "sh", "-c", script])
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let exec_id = format!("probe-{}", N.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    node.ctr(&["tasks", "exec", "--exec-id", &exec_id, id, "sh", "-c", script])
 }
 
 fn out(o: &std::process::Output) -> String {

@@ -728,9 +728,12 @@ impl Lazy {
     /// Unmounts every layer, at shutdown.
     pub async fn unmount_all(&self) {
         let all: Vec<Mounted> = self.mounts.lock().await.drain().map(|(_, l)| l.mount).collect();
-        for m in all {
-            let _ = blocking(move || m.unmount()).await;
-        }
+        // All at once: a layer under a running container's overlay keeps its connection until
+        // the wait for it runs out, and one after another those waits would outlast the time
+        // systemd or kubelet gives the daemon to stop.
+        let mut all: tokio::task::JoinSet<_> =
+            all.into_iter().map(|m| tokio::task::spawn_blocking(move || m.unmount())).collect();
+        while all.join_next().await.is_some() {}
     }
 }
 
