@@ -192,9 +192,8 @@ fn start_agent(node: &Containerd, ds: &Value, vols: &Volumes, base: &str, rgw: &
     let program = kube::strings(&pod["containers"][0]["args"]);
     args.extend(program.iter().map(String::as_str));
     node.ctr_ok(&args, &std::fs::read_to_string(log).unwrap_or_default());
-    // containerd was up first, as on a node, and redials the plugin with a backoff of up to 3 s.
-    wait_until(Duration::from_secs(60), || node.ctr(&["snapshots", "--snapshotter", "strata", "ls"]).status.success());
-    node.ctr_ok(&["snapshots", "--snapshotter", "strata", "ls"], &std::fs::read_to_string(log).unwrap_or_default());
+    // containerd was up first, as on a node, and redials the plugin's socket once it is there.
+    node.wait_for_strata(Duration::from_secs(30));
 }
 
 fn stop_agent(node: &Containerd, log: &Path) {

@@ -113,6 +113,7 @@ fn a_killed_daemon_restarts_with_its_snapshots_and_containers_keep_working() {
         std::thread::sleep(std::time::Duration::from_millis(200));
     };
     assert_eq!(after, before);
+    node.containerd.wait_for_strata(std::time::Duration::from_secs(15));
     let out = node.ctr(&["tasks", "exec", "--exec-id", "probe", "long", "cat", "/etc/motd"]);
     assert_eq!(out, "strata layer two\n", "the running container kept its rootfs");
     let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "after-restart", "echo", "started"]);

@@ -105,6 +105,29 @@ impl Containerd {
             .unwrap()
     }
 
+    /// Waits (at most `limit`) until containerd reaches the `strata` plugin itself, as after
+    /// the plugin's socket appears or comes back: containerd redials it with a backoff of up
+    /// to 3 s, and calls meanwhile fail with Unavailable. `snapshots ls` and a Stat are no
+    /// probe: containerd answers them from its own metadata. A Prepare goes to the plugin.
+    pub fn wait_for_strata(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        for n in 0.. {
+            let key = format!("strata-probe-{n}");
+            let out = self.ctr(&["snapshots", "--snapshotter", "strata", "prepare", &key]);
+            if out.status.success() {
+                let _ = self.ctr(&["snapshots", "--snapshotter", "strata", "rm", &key]);
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "containerd did not reach the strata plugin in {limit:?}: {}\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// As [`Containerd::ctr`], failing the test with both logs on a non-zero exit.
     pub fn ctr_ok(&self, args: &[&str], strata_log: &str) -> String {
         let out = self.ctr(args);
