@@ -276,58 +276,36 @@ fn fuse_root_bad_sources_fail_at_mount_time() {
     let dir = tempfile::tempdir().unwrap();
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
-    let run = |args: &[&str]| {
-        let out = Command::new(BIN)
-            .arg("mount")
-            .args(args)
-            .arg(&mnt)
-            .arg("--state-dir")
-            .arg(dir.path().join("s"))
-            .output()
-            .unwrap();
+    // Every case must fail the mount, with its reason on stderr; `env` adjusts the process.
+    let run_env = |args: &[&str], env: &dyn Fn(&mut Command)| {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("mount").args(args).arg(&mnt).arg("--state-dir").arg(dir.path().join("s"));
+        env(&mut cmd);
+        let out = cmd.output().unwrap();
         assert!(!out.status.success(), "mount {args:?} should fail");
         assert!(!mounted(&mnt));
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
+    let run = |args: &[&str]| run_env(args, &|_| {});
     let err = run(&["s3://no-such-bucket-strata/x", "--endpoint", &rgw.endpoint]);
     assert!(err.contains("no-such-bucket-strata") && err.contains(&rgw.endpoint), "{err}");
-    let err = Command::new(BIN)
-        .args(["mount", &format!("s3://{}/x", rgw.bucket), "--endpoint", &rgw.endpoint])
-        .arg(&mnt)
-        .arg("--state-dir")
-        .arg(dir.path().join("s"))
-        .env("AWS_SECRET_ACCESS_KEY", "wrong-secret")
-        .output()
-        .unwrap();
-    assert!(!err.status.success(), "wrong credentials must fail the mount");
-    let text = String::from_utf8_lossy(&err.stderr);
+    let source = format!("s3://{}/x", rgw.bucket);
+    let rgw_args = [source.as_str(), "--endpoint", &rgw.endpoint];
+    // Wrong credentials.
+    let text = run_env(&rgw_args, &|c| {
+        c.env("AWS_SECRET_ACCESS_KEY", "wrong-secret");
+    });
     assert!(text.contains(&rgw.endpoint), "{text}");
     // No credentials at all: a clear error, not a trip to the cloud's instance-metadata address.
-    let none = Command::new(BIN)
-        .args(["mount", &format!("s3://{}/x", rgw.bucket), "--endpoint", &rgw.endpoint])
-        .arg(&mnt)
-        .arg("--state-dir")
-        .arg(dir.path().join("s"))
-        .env_remove("AWS_ACCESS_KEY_ID")
-        .env_remove("AWS_SECRET_ACCESS_KEY")
-        .output()
-        .unwrap();
-    assert!(!none.status.success(), "a mount without credentials must fail");
-    let text = String::from_utf8_lossy(&none.stderr);
+    let text = run_env(&rgw_args, &|c| {
+        c.env_remove("AWS_ACCESS_KEY_ID").env_remove("AWS_SECRET_ACCESS_KEY");
+    });
     assert!(text.contains("no credentials") && text.contains("AWS_ACCESS_KEY_ID"), "{text}");
     // A node (or a minimal container image) without the system's CA certificates: the client
     // cannot be built even for plain HTTP, and the message says what to install.
-    let bare = Command::new(BIN)
-        .args(["mount", &format!("s3://{}/x", rgw.bucket), "--endpoint", &rgw.endpoint])
-        .arg(&mnt)
-        .arg("--state-dir")
-        .arg(dir.path().join("s"))
-        .env("SSL_CERT_FILE", dir.path().join("no-such-ca.pem"))
-        .env("SSL_CERT_DIR", dir.path().join("no-such-certs"))
-        .output()
-        .unwrap();
-    assert!(!bare.status.success(), "a mount without CA certificates must fail");
-    let text = String::from_utf8_lossy(&bare.stderr);
+    let text = run_env(&rgw_args, &|c| {
+        c.env("SSL_CERT_FILE", dir.path().join("no-such-ca.pem")).env("SSL_CERT_DIR", dir.path().join("no-such-certs"));
+    });
     assert!(text.contains("No CA certificates") && text.contains("ca-certificates"), "{text}");
     let err = run(&["/nonexistent/dataset"]);
     assert!(err.contains("/nonexistent/dataset") && err.contains("not a directory"), "{err}");
