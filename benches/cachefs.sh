@@ -3,6 +3,9 @@
 #   cold   1 file sequential read, cold: s3fs, rclone, strata, raw parallel ranged GETs (raw_s3)
 #   warm   the same file from strata's hot tier (passthrough, and --no-passthrough) vs a local copy
 #   random fio 256 KiB random reads, warm, strata vs the local copy
+#   small  SMALL_FILES objects of SMALL_KB KiB read by READERS parallel readers, as a data
+#          loader's workers read an image dataset: s3fs, rclone, strata, cold (first epoch) and
+#          warm (second epoch), against raw GETs and a local copy
 #   meta   find + stat over FILES small objects: s3fs, rclone, strata, cold and cached
 #   ckpt   a checkpoint written through strata (dd conv=fsync, mv) vs a raw multipart upload
 #   dirmv  mv of a directory of DIR_FILES objects (a checkpoint renamed into place): s3fs, rclone,
@@ -13,7 +16,8 @@
 #
 # Env: SIZE_MB=1024 (read object), FILES=100000 (meta objects), CKPT_MB=4096 (checkpoint),
 #      DIR_FILES=1000 (objects of 16 KiB in the renamed directory),
-#      ONLY=cold,warm,random,meta,ckpt,dirmv (subset), FIO_RUNTIME=20 (s per fio run),
+#      SMALL_FILES=5000 SMALL_KB=112 READERS=8 (the small-file dataset and its readers),
+#      ONLY=cold,warm,random,small,meta,ckpt,dirmv (subset), FIO_RUNTIME=20 (s per fio run),
 #      ROUNDS=3 (each bench but meta runs this many times; the report gives medians),
 #      BENCH_DIR (scratch dir, default a new /var/tmp/strata-bench.XXXXXX; strata's state dir and
 #      the local copies live there, so they share a disk), TIMEOUT=1800 (s per timed operation),
@@ -27,15 +31,16 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
 SIZE_MB=${SIZE_MB:-1024} FILES=${FILES:-100000} CKPT_MB=${CKPT_MB:-4096} DIR_FILES=${DIR_FILES:-1000}
-ONLY=${ONLY:-cold,warm,random,meta,ckpt,dirmv} FIO_RUNTIME=${FIO_RUNTIME:-20} TIMEOUT=${TIMEOUT:-1800}
+SMALL_FILES=${SMALL_FILES:-5000} SMALL_KB=${SMALL_KB:-112} READERS=${READERS:-8}
+ONLY=${ONLY:-cold,warm,random,small,meta,ckpt,dirmv} FIO_RUNTIME=${FIO_RUNTIME:-20} TIMEOUT=${TIMEOUT:-1800}
 ROUNDS=${ROUNDS:-3}
 STRATA_CHUNK=${STRATA_CHUNK:-8MiB}
 MOUNT_TIMEOUT=60
-for v in SIZE_MB FILES CKPT_MB DIR_FILES FIO_RUNTIME TIMEOUT ROUNDS; do
+for v in SIZE_MB FILES CKPT_MB DIR_FILES SMALL_FILES SMALL_KB READERS FIO_RUNTIME TIMEOUT ROUNDS; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "$v must be a positive integer, got '${!v}'" >&2; exit 2; }
 done
 for b in ${ONLY//,/ }; do
-  [[ $b =~ ^(cold|warm|random|meta|ckpt|dirmv)$ ]] || { echo "ONLY: unknown bench '$b'" >&2; exit 2; }
+  [[ $b =~ ^(cold|warm|random|small|meta|ckpt|dirmv)$ ]] || { echo "ONLY: unknown bench '$b'" >&2; exit 2; }
 done
 want() { [[ ,$ONLY, == *,$1,* ]]; }
 
@@ -43,7 +48,7 @@ BUCKET=strata-test AK=strata-test SK=strata-test-secret
 URL=http://127.0.0.1:${RGW_PORT:-7480}
 export STRATA_TEST_S3_ENDPOINT=$URL STRATA_TEST_S3_BUCKET=$BUCKET
 export AWS_ACCESS_KEY_ID=$AK AWS_SECRET_ACCESS_KEY=$SK AWS_REGION=us-east-1
-BIG_BYTES=$((SIZE_MB << 20)) CKPT_BYTES=$((CKPT_MB << 20))
+BIG_BYTES=$((SIZE_MB << 20)) CKPT_BYTES=$((CKPT_MB << 20)) SMALL_BYTES=$((SMALL_FILES * SMALL_KB << 10))
 
 log() { printf '%(%H:%M:%S)T == %s\n' -1 "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -255,6 +260,18 @@ fio_mibs() {
   awk -v k="$kib" -v m="$ms" 'BEGIN { printf "%.1f", k / 1024 / (m / 1000) }'
 }
 
+# small_mibs DIR: MiB/s of READERS parallel cats over every file under DIR, the listing
+# included (a data loader lists its dataset first); checks the total of the bytes read.
+small_mibs() {
+  local t0 t1 got
+  t0=$EPOCHREALTIME
+  got=$(find "$1" -type f -print0 | timeout -k 10 "$TIMEOUT" xargs -0 -P "$READERS" -n 64 cat | wc -c) ||
+    { log "reading the files under $1 failed"; return 1; }
+  t1=$EPOCHREALTIME
+  [[ $got == "$SMALL_BYTES" ]] || { log "read $got bytes under $1, expected $SMALL_BYTES"; return 1; }
+  mibs "$got" "$(elapsed "$t0" "$t1")"
+}
+
 # find_secs DIR: seconds of a find that stats every file under DIR; checks count and sizes.
 find_secs() {
   local t0 t1 got
@@ -383,6 +400,43 @@ meta_fs() { # TOOL ARGS...
 meta_s3fs() { meta_fs s3fs; }
 meta_rclone() { meta_fs rclone; }
 meta_strata() { meta_fs strata strata-meta fresh --metadata-ttl 300s; }
+
+# small_fs TOOL ARGS...: the first epoch over the small files through a fresh mount, page
+# cache dropped, then the second on the same mount, page cache dropped again. Between the two,
+# strata is given up to 120 s to finish its whole-file copies (made in the background after a
+# file is read, for passthrough), as a training job's next epoch would find them.
+small_fs() {
+  local cold warm copies=0 t0
+  drop_caches
+  "start_$1" "small-$1" "${@:2}"
+  cold=$(small_mibs "$MNT/bench/small")
+  if [[ $1 == strata ]]; then
+    t0=$EPOCHREALTIME
+    while copies=$(find "$WORK/strata-small" -name '*.file' | wc -l) && ((copies < SMALL_FILES)); do
+      (($(elapsed "$t0" "$EPOCHREALTIME" | cut -d. -f1) < 120)) || break
+      sleep 0.2
+    done
+    log "$copies of $SMALL_FILES whole-file copies after $(elapsed "$t0" "$EPOCHREALTIME") s"
+  fi
+  drop_caches
+  warm=$(small_mibs "$MNT/bench/small")
+  stop_mount "$MPID" "$MNT"
+  result "small.cold.$1" "$cold"
+  result "small.warm.$1" "$warm"
+}
+small_s3fs() { small_fs s3fs; }
+small_rclone() { small_fs rclone; }
+small_strata() { small_fs strata strata-small fresh --immutable; }
+small_raw() {
+  local out bytes secs n
+  drop_caches
+  out=$(timeout -k 10 "$TIMEOUT" "$BIN/raw_s3" get-many "$BUCKET" bench/small --parallel "$READERS")
+  read -r bytes secs n <<<"$out"
+  [[ $bytes == "$SMALL_BYTES" && $n == "$SMALL_FILES" ]] ||
+    { log "raw get-many read $bytes bytes of $n objects, expected $SMALL_BYTES of $SMALL_FILES"; return 1; }
+  result small.raw "$(mibs "$bytes" "$secs")"
+}
+small_local() { drop_caches; result small.local "$(small_mibs "$WORK/small")"; }
 
 # Bytes the mount has caused to be written to the local disk so far.
 written_bytes() { awk '/^write_bytes/ { print $2 }' "/proc/$MPID/io"; }
@@ -533,6 +587,22 @@ if want meta; then
   out=$("$BIN/raw_s3" put-many "$BUCKET" bench/many "$FILES" --size 1024 --parallel 64)
   log "uploaded in ${out#* } s"
 fi
+if want small; then
+  log "uploading $SMALL_FILES objects of $SMALL_KB KiB under bench/small/, and a local copy"
+  out=$("$BIN/raw_s3" put-many "$BUCKET" bench/small "$SMALL_FILES" --size $((SMALL_KB << 10)) --parallel 64)
+  log "uploaded in ${out#* } s"
+  # The same tree and bytes (put-many's objects are all 'x'), on the disk the hot tier uses.
+  python3 - "$WORK/small" "$SMALL_FILES" $((SMALL_KB << 10)) <<'PY'
+import os, sys
+root, count, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+body = b"x" * size
+for i in range(count):
+    d = os.path.join(root, "d%02d" % (i % 100))
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "f%05d" % i), "wb") as f:
+        f.write(body)
+PY
+fi
 if want ckpt; then
   log "writing the $CKPT_MB MiB checkpoint source"
   head -c "$CKPT_BYTES" /dev/urandom >"$WORK/ckpt.src"
@@ -554,6 +624,9 @@ for round in $(seq "$ROUNDS"); do
     step "random read: local" random_local
     step "random read: strata" random_pt
     [[ -z $HAVE_NOPT ]] || step "random read: strata --no-passthrough" random_nopt
+  fi
+  if want small; then
+    for t in s3fs rclone strata raw local; do step "small files: $t" "small_$t"; done
   fi
   if want dirmv; then
     for t in s3fs rclone strata; do step "directory rename: $t" "dirmv_$t"; done
@@ -629,7 +702,10 @@ env_prefix=""
 [[ $FILES == 100000 ]] || env_prefix+="FILES=$FILES "
 [[ $CKPT_MB == 4096 ]] || env_prefix+="CKPT_MB=$CKPT_MB "
 [[ $DIR_FILES == 1000 ]] || env_prefix+="DIR_FILES=$DIR_FILES "
-[[ $ONLY == cold,warm,random,meta,ckpt,dirmv ]] || env_prefix+="ONLY=$ONLY "
+[[ $SMALL_FILES == 5000 ]] || env_prefix+="SMALL_FILES=$SMALL_FILES "
+[[ $SMALL_KB == 112 ]] || env_prefix+="SMALL_KB=$SMALL_KB "
+[[ $READERS == 8 ]] || env_prefix+="READERS=$READERS "
+[[ $ONLY == cold,warm,random,small,meta,ckpt,dirmv ]] || env_prefix+="ONLY=$ONLY "
 [[ $ROUNDS == 3 ]] || env_prefix+="ROUNDS=$ROUNDS "
 [[ $FIO_RUNTIME == 20 ]] || env_prefix+="FIO_RUNTIME=$FIO_RUNTIME "
 [[ $STRATA_CHUNK == 8MiB ]] || env_prefix+="STRATA_CHUNK=$STRATA_CHUNK "
@@ -669,6 +745,14 @@ report() {
     echo "| random 256 KiB reads, warm, --no-passthrough (MiB/s) | local file $local_ | $nopt | $r2 | >= 0.8 | $(meets "$r2" 0.8) |"
     pt=$(get random.strata_pt.again)
     echo "| (info) random 256 KiB reads, passthrough, 2nd open on the same mount (MiB/s) | local file $local_ | $pt | $(rratio random.strata_pt.again random.local) | - | - |"
+  fi
+  if want small; then
+    s3fs=$(get small.cold.s3fs) rclone=$(get small.cold.rclone) strata=$(get small.cold.strata) raw=$(get small.raw)
+    r1=$(rratio small.cold.strata best:max:small.cold.s3fs,small.cold.rclone) r2=$(rratio small.cold.strata small.raw)
+    echo "| small files, first epoch: $SMALL_FILES x $SMALL_KB KiB, $READERS readers (MiB/s) | s3fs $s3fs, rclone $rclone, raw GET x$READERS $raw | $strata | $r1 x best peer, $r2 x raw | - | - |"
+    s3fs=$(get small.warm.s3fs) rclone=$(get small.warm.rclone) strata=$(get small.warm.strata) local_=$(get small.local)
+    r1=$(rratio small.warm.strata best:max:small.warm.s3fs,small.warm.rclone) r2=$(rratio small.warm.strata small.local)
+    echo "| small files, second epoch, same mount (MiB/s) | s3fs $s3fs, rclone $rclone, local files $local_ | $strata | $r1 x best peer, $r2 x local | - | - |"
   fi
   if want meta; then
     for m in cold cached; do

@@ -4,14 +4,18 @@
 //! cargo bench --bench raw_s3 -- get BUCKET KEY [--parallel 8] [--chunk 8MiB]
 //! cargo bench --bench raw_s3 -- put BUCKET KEY LOCALFILE [--part 16MiB] [--parallel 4]
 //! cargo bench --bench raw_s3 -- put-many BUCKET PREFIX COUNT [--size 1024] [--parallel 64]
+//! cargo bench --bench raw_s3 -- get-many BUCKET PREFIX [--parallel 8]
 //! ```
 //!
 //! - `get` reads the whole object as parallel ranged GETs of `--chunk` bytes and drops the bytes.
 //! - `put` uploads a local file as a multipart upload of `--part` parts, `--parallel` in flight.
 //! - `put-many` writes COUNT objects of `--size` bytes named `PREFIX/dXX/fYYYYY` (XX = i % 100,
 //!   YYYYY = i), `--parallel` at once: the tree of the metadata benchmark.
+//! - `get-many` lists PREFIX and reads every object under it with one whole GET each,
+//!   `--parallel` at once, as a data loader's workers would: the small-file baseline.
 //!
-//! Each prints `AMOUNT SECONDS` on stdout: bytes for `get` and `put`, objects for `put-many`.
+//! Each prints `AMOUNT SECONDS` on stdout: bytes for `get`, `put` and `get-many`, objects for
+//! `put-many`; `get-many` adds the number of objects.
 //! The store comes from `STRATA_TEST_S3_ENDPOINT`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`
 //! and `AWS_REGION` (default `us-east-1`). Path-style requests; plain http is allowed.
 
@@ -27,7 +31,8 @@ use tokio::io::AsyncReadExt;
 
 const USAGE: &str = "usage: raw_s3 get BUCKET KEY [--parallel N] [--chunk SIZE]
        raw_s3 put BUCKET KEY LOCALFILE [--part SIZE] [--parallel N]
-       raw_s3 put-many BUCKET PREFIX COUNT [--size SIZE] [--parallel N]";
+       raw_s3 put-many BUCKET PREFIX COUNT [--size SIZE] [--parallel N]
+       raw_s3 get-many BUCKET PREFIX [--parallel N]";
 
 /// Positional arguments and `--name value` options. `--bench`, which `cargo bench` appends, is
 /// dropped.
@@ -161,6 +166,31 @@ async fn put_many(s3: Arc<AmazonS3>, prefix: &str, count: u64, size: usize, para
     Ok(count)
 }
 
+/// Bytes and objects read. The listing is timed too: a mount lists the directory before its
+/// readers open the files.
+async fn get_many(s3: Arc<AmazonS3>, prefix: &str, parallel: usize) -> anyhow::Result<(u64, u64)> {
+    let prefix = Path::from(prefix.trim_end_matches('/'));
+    let objects: Vec<_> = s3.list(Some(&prefix)).try_collect().await?;
+    anyhow::ensure!(!objects.is_empty(), "nothing under {prefix}");
+    let sizes: Vec<u64> = futures::stream::iter(objects)
+        .map(|meta| {
+            let s3 = s3.clone();
+            async move {
+                let mut body = s3.get(&meta.location).await?.into_stream();
+                let mut got = 0u64;
+                while let Some(b) = body.try_next().await? {
+                    got += b.len() as u64;
+                }
+                anyhow::ensure!(got == meta.size, "{}: GET returned {got} bytes of {}", meta.location, meta.size);
+                Ok(got)
+            }
+        })
+        .buffer_unordered(parallel)
+        .try_collect()
+        .await?;
+    Ok((sizes.iter().sum(), sizes.len() as u64))
+}
+
 async fn run(mut a: Args) -> anyhow::Result<()> {
     let pos = std::mem::take(&mut a.pos);
     let pos: Vec<&str> = pos.iter().map(String::as_str).collect();
@@ -184,6 +214,14 @@ async fn run(mut a: Args) -> anyhow::Result<()> {
             a.done()?;
             anyhow::ensure!(parallel > 0, "--parallel must be positive");
             put_many(store(bucket)?, prefix, count, size, parallel).await?
+        }
+        ["get-many", bucket, prefix] => {
+            let parallel = a.size("parallel", 8)? as usize;
+            a.done()?;
+            anyhow::ensure!(parallel > 0, "--parallel must be positive");
+            let (bytes, objects) = get_many(store(bucket)?, prefix, parallel).await?;
+            println!("{bytes} {:.6} {objects}", started.elapsed().as_secs_f64());
+            return Ok(());
         }
         _ => bail!("{USAGE}"),
     };

@@ -742,6 +742,25 @@ impl FsCore {
 
     /// Closes a handle. The last handle of a written file publishes it if a flush did not, and
     /// hands the staged bytes to the hot tier as the cached copy of the new object.
+    /// Releases a handle that has nothing to publish (a reader's) at once, without a trip to
+    /// the runtime, which a data loader's workers would otherwise pay for every file they
+    /// read. `false`, leaving the handle, when it is a writer's: [`FsCore::release`] then.
+    pub fn release_reader(&self, fh: u64) -> bool {
+        let h = {
+            let mut handles = self.handles.lock().unwrap_or_else(|p| p.into_inner());
+            match handles.get(&fh) {
+                Some(h) if h.staged.is_some() => return false,
+                Some(_) => handles.remove(&fh),
+                None => return true,
+            }
+        };
+        // A reader done with a file may have pulled all of it into the hot tier.
+        if let Some(h) = h.filter(|h| !h.in_place) {
+            self.keeper.request_whole(&h.path, &h.node);
+        }
+        true
+    }
+
     pub async fn release(&self, fh: u64) -> Result<(), FsError> {
         let Some(h) = self.handles.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh) else { return Ok(()) };
         let Some(staged) = &h.staged else {

@@ -459,6 +459,9 @@ impl Filesystem for StrataFs {
     ) {
         self.modes.released(fh.0);
         self.openers.released(fh.0);
+        if self.core.release_reader(fh.0) {
+            return reply.ok();
+        }
         let core = self.core.clone();
         self.rt.spawn(async move {
             // The kernel ignores release errors; flush already reported any upload failure to

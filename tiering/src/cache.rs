@@ -134,11 +134,18 @@ impl TieredCache {
         let id = key.id();
         for _ in 0..3 {
             if !resolved.no_cache {
-                let core = self.core.clone();
-                let k = key.clone();
-                let hit = tokio::task::spawn_blocking(move || core.lookup(&k, &id))
-                    .await
-                    .map_err(|e| CacheError::Task(e.to_string()))?;
+                // A chunk the index does not hold is known a miss without the blocking pool's
+                // round trip, which a cold read of many small files would pay once per file.
+                let hit = if self.core.contains(&id) {
+                    let core = self.core.clone();
+                    let k = key.clone();
+                    tokio::task::spawn_blocking(move || core.lookup(&k, &id))
+                        .await
+                        .map_err(|e| CacheError::Task(e.to_string()))?
+                } else {
+                    self.core.count_misses(&TierKind::ALL);
+                    None
+                };
                 if let Some(hit) = hit {
                     if hit.promote && opts.tier != Some(TierKind::Warm) {
                         self.promote_in_background(id);

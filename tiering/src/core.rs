@@ -124,7 +124,7 @@ impl Core {
         }
     }
 
-    fn count_misses(&self, tiers: &[TierKind]) {
+    pub(crate) fn count_misses(&self, tiers: &[TierKind]) {
         for &t in tiers {
             if self.has(t) {
                 self.metrics.misses.get_or_create(&metrics::tier(t)).inc();

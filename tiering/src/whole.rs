@@ -77,11 +77,8 @@ impl Core {
         let dest = tier.entry_path(&id, key);
         let tmp = dest.with_extension(format!("tmp.{}.whole", std::process::id()));
         let io = |e| CacheError::io("assembling a whole-file copy in", tier.root(), e);
-        if let Some(dir) = dest.parent() {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
         let written = (|| -> Result<Option<u64>, std::io::Error> {
-            let mut out = std::io::BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, create_in_fan_out(&tmp)?);
             let mut total = 0;
             for c in chunks {
                 // A chunk evicted meanwhile, or one failing its CRC, ends the attempt: the copy
@@ -173,11 +170,10 @@ impl Core {
         let tier = self.tier(TierKind::Hot)?;
         let dest = tier.entry_path(&id, key);
         let io = |e| CacheError::io("installing a whole-file copy in", tier.root(), e);
-        if let Some(dir) = dest.parent() {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
         let sidecar = dest.with_extension(crate::tier::WHOLE_KEY_EXT);
-        std::fs::write(&sidecar, serde_json::to_vec(key).expect("keys serialize")).map_err(io)?;
+        create_in_fan_out(&sidecar)
+            .and_then(|mut f| f.write_all(&serde_json::to_vec(key).expect("keys serialize")))
+            .map_err(io)?;
         let mut ix = self.lock();
         if ix.entries.contains_key(&id) {
             return Ok(false);
@@ -192,5 +188,17 @@ impl Core {
         ix.insert(id, Entry::new(key.clone(), TierKind::Hot, total, total, now, pin));
         self.update_gauges(&ix);
         Ok(true)
+    }
+}
+
+/// Creates `path`, and its fan-out directory on first use: asking for the directory each time
+/// costs two system calls per file, which a dataset of small files pays thousands of times.
+fn create_in_fan_out(path: &std::path::Path) -> std::io::Result<File> {
+    match File::create(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(path.parent().expect("tier paths have a parent"))?;
+            File::create(path)
+        }
+        r => r,
     }
 }
