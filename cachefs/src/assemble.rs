@@ -25,13 +25,14 @@ pub fn start(ns: Arc<dyn Namespace>, cache: TieredCache) -> Option<tokio::sync::
     let requeue = tx.downgrade();
     rt.spawn(async move {
         // Versions already assembled recently, so repeated opens of a file cost one index check
-        // each, not one assembly attempt each.
+        // each, not one assembly attempt each. The check does not open the copy: that would
+        // count a second access to it for every open, in the policy's eyes.
         let mut done: HashSet<ChunkKey> = HashSet::new();
         // Files found not all hot once, which get one more try after the cache's pending writes.
         let mut retried: HashSet<ChunkKey> = HashSet::new();
         while let Some((path, node)) = rx.recv().await {
             let (whole, chunks) = keys(ns.as_ref(), &path, &node);
-            if done.contains(&whole) && cache.open_whole(&whole).is_some() {
+            if done.contains(&whole) && cache.location(&whole).is_some() {
                 continue;
             }
             // The chunks of a read that just ended may still be on their way into the hot tier.

@@ -745,7 +745,8 @@ impl FsCore {
     /// Releases a handle that has nothing to publish (a reader's) at once, without a trip to
     /// the runtime, which a data loader's workers would otherwise pay for every file they
     /// read. `false`, leaving the handle, when it is a writer's: [`FsCore::release`] then.
-    pub fn release_reader(&self, fh: u64) -> bool {
+    /// `from_copy`: the kernel read the file from its whole-file copy, so there is none to make.
+    pub fn release_reader(&self, fh: u64, from_copy: bool) -> bool {
         let h = {
             let mut handles = self.handles.lock().unwrap_or_else(|p| p.into_inner());
             match handles.get(&fh) {
@@ -754,8 +755,10 @@ impl FsCore {
                 None => return true,
             }
         };
-        // A reader done with a file may have pulled all of it into the hot tier.
-        if let Some(h) = h.filter(|h| !h.in_place) {
+        // A reader done with a file may have pulled all of it into the hot tier. Waking the
+        // assembler only to find the copy there would cost a thread hop per file in every
+        // epoch after the first.
+        if let Some(h) = h.filter(|h| !h.in_place && !from_copy) {
             self.keeper.request_whole(&h.path, &h.node);
         }
         true
@@ -1271,6 +1274,53 @@ mod tests {
         assert!(matches!(fs.write(rw, 0, b"x").await, Err(FsError::NotSupported(_))));
         fs.release(rw).await.unwrap();
         assert!(matches!(fs.readdir(big.ino).await, Err(FsError::NotDir)));
+    }
+
+    /// Reads a file whole through a handle of its own and closes it, which asks for its
+    /// whole-file copy; returns the copy's key.
+    async fn read_whole(fs: &FsCore, dir: u64, name: &str) -> strata_tiering::ChunkKey {
+        let a = fs.lookup(dir, name).await.unwrap();
+        let fh = fs.open(a.ino, false, false).unwrap();
+        assert_eq!(fs.read(fh, 0, a.size as u32).await.unwrap().len() as u64, a.size);
+        let h = fs.handle(fh).unwrap();
+        let (whole, _) = crate::assemble::keys(fs.ns.as_ref(), &h.path, &h.node);
+        assert!(fs.release_reader(fh, false));
+        whole
+    }
+
+    async fn until_copied(fs: &FsCore, whole: &strata_tiering::ChunkKey) {
+        for _ in 0..500 {
+            if fs.cache.location(whole).is_some() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("no whole-file copy of {whole} after 5 s");
+    }
+
+    /// An open served from a file's whole-file copy counts one access to it, so the policy
+    /// ranks such files as it ranks others. The close asks the assembler for the copy again,
+    /// and its check that the copy is there must not count a second one.
+    #[tokio::test]
+    async fn each_open_of_a_whole_file_copy_counts_one_access() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = setup(dir.path());
+        let d = fs.lookup(ROOT, "d").await.unwrap();
+        let big = read_whole(&fs, d.ino, "big.bin").await;
+        until_copied(&fs, &big).await;
+        let before = fs.cache.hits(&big).unwrap();
+        let ino = fs.lookup(d.ino, "big.bin").await.unwrap().ino;
+        for _ in 0..3 {
+            let fh = fs.open(ino, false, false).unwrap();
+            assert!(fs.whole_file(fh).is_some(), "the copy was not handed out");
+            assert!(fs.release_reader(fh, false));
+        }
+        // The assembler takes requests in order: once a file closed after those three has its
+        // copy, the three closes have been seen to.
+        let e = fs.lookup(d.ino, "e").await.unwrap();
+        let small = read_whole(&fs, e.ino, "small").await;
+        until_copied(&fs, &small).await;
+        assert_eq!(fs.cache.hits(&big).unwrap(), before + 3);
     }
 }
 

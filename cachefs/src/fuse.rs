@@ -457,9 +457,9 @@ impl Filesystem for StrataFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.modes.released(fh.0);
+        let mode = self.modes.released(fh.0);
         self.openers.released(fh.0);
-        if self.core.release_reader(fh.0) {
+        if self.core.release_reader(fh.0, mode == Some(Mode::Passthrough)) {
             return reply.ok();
         }
         let core = self.core.clone();

@@ -90,10 +90,10 @@ impl IoModes {
     }
 
     /// Records a close; the backing id is released with the inode's last passthrough open.
-    pub fn released(&self, fh: u64) {
+    pub fn released(&self, fh: u64) -> Option<Mode> {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let Some((ino, mode)) = g.handles.remove(&fh) else { return };
-        let Some(io) = g.inodes.get_mut(&ino) else { return };
+        let (ino, mode) = g.handles.remove(&fh)?;
+        let Some(io) = g.inodes.get_mut(&ino) else { return Some(mode) };
         match mode {
             Mode::Passthrough => {
                 if let Some((_, _, n)) = &mut io.backing {
@@ -109,5 +109,6 @@ impl IoModes {
         if io.backing.is_none() && io.cached == 0 {
             g.inodes.remove(&ino);
         }
+        Some(mode)
     }
 }

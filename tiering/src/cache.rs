@@ -290,6 +290,11 @@ impl TieredCache {
         self.core.lock().entries.get(&key.id()).map(|e| e.tier)
     }
 
+    /// How many accesses the index has counted to an entry since it was cached, if it is.
+    pub fn hits(&self, key: &ChunkKey) -> Option<u64> {
+        self.core.lock().entries.get(&key.id()).map(|e| e.hits)
+    }
+
     /// The hot tier's whole-file copy named by `key` ([`ChunkKey::whole`]), opened for reading,
     /// if there is one. The open counts as an access.
     pub fn open_whole(&self, key: &ChunkKey) -> Option<std::fs::File> {
