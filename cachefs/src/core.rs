@@ -740,8 +740,6 @@ impl FsCore {
         Ok(())
     }
 
-    /// Closes a handle. The last handle of a written file publishes it if a flush did not, and
-    /// hands the staged bytes to the hot tier as the cached copy of the new object.
     /// Releases a handle that has nothing to publish (a reader's) at once, without a trip to
     /// the runtime, which a data loader's workers would otherwise pay for every file they
     /// read. `false`, leaving the handle, when it is a writer's: [`FsCore::release`] then.
@@ -764,15 +762,14 @@ impl FsCore {
         true
     }
 
+    /// Closes a handle. The last handle of a written file publishes it if a flush did not, and
+    /// hands the staged bytes to the hot tier as the cached copy of the new object.
     pub async fn release(&self, fh: u64) -> Result<(), FsError> {
-        let Some(h) = self.handles.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh) else { return Ok(()) };
-        let Some(staged) = &h.staged else {
-            // A reader done with a file may have pulled all of it into the hot tier.
-            if !h.in_place {
-                self.keeper.request_whole(&h.path, &h.node);
-            }
+        if self.release_reader(fh, false) {
             return Ok(());
-        };
+        }
+        let Some(h) = self.handles.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh) else { return Ok(()) };
+        let Some(staged) = &h.staged else { return Ok(()) };
         let still_open = self
             .handles
             .lock()
