@@ -6,6 +6,9 @@
 #   small  SMALL_FILES objects of SMALL_KB KiB read by READERS parallel readers, as a data
 #          loader's workers read an image dataset: s3fs, rclone, strata, cold (first epoch) and
 #          warm (second epoch), against raw GETs and a local copy
+#   smallfit the same two epochs with each tool's cache (strata's hot tier, rclone's VFS cache)
+#          held to 1.5 x the dataset, as a node's cache disk sized for it would be: strata and
+#          rclone against the local copy
 #   meta   find + stat over FILES small objects: s3fs, rclone, strata, cold and cached
 #   ckpt   a checkpoint written through strata (dd conv=fsync, mv) vs a raw multipart upload
 #   dirmv  mv of a directory of DIR_FILES objects (a checkpoint renamed into place): s3fs, rclone,
@@ -17,7 +20,7 @@
 # Env: SIZE_MB=1024 (read object), FILES=100000 (meta objects), CKPT_MB=4096 (checkpoint),
 #      DIR_FILES=1000 (objects of 16 KiB in the renamed directory),
 #      SMALL_FILES=5000 SMALL_KB=112 READERS=8 (the small-file dataset and its readers),
-#      ONLY=cold,warm,random,small,meta,ckpt,dirmv (subset), FIO_RUNTIME=20 (s per fio run),
+#      ONLY=cold,warm,random,small,smallfit,meta,ckpt,dirmv (subset), FIO_RUNTIME=20 (s per fio run),
 #      ROUNDS=3 (each bench but meta runs this many times; the report gives medians),
 #      BENCH_DIR (scratch dir, default a new /var/tmp/strata-bench.XXXXXX; strata's state dir and
 #      the local copies live there, so they share a disk), TIMEOUT=1800 (s per timed operation),
@@ -32,7 +35,7 @@ ROOT=$(pwd)
 
 SIZE_MB=${SIZE_MB:-1024} FILES=${FILES:-100000} CKPT_MB=${CKPT_MB:-4096} DIR_FILES=${DIR_FILES:-1000}
 SMALL_FILES=${SMALL_FILES:-5000} SMALL_KB=${SMALL_KB:-112} READERS=${READERS:-8}
-ONLY=${ONLY:-cold,warm,random,small,meta,ckpt,dirmv} FIO_RUNTIME=${FIO_RUNTIME:-20} TIMEOUT=${TIMEOUT:-1800}
+ONLY=${ONLY:-cold,warm,random,small,smallfit,meta,ckpt,dirmv} FIO_RUNTIME=${FIO_RUNTIME:-20} TIMEOUT=${TIMEOUT:-1800}
 ROUNDS=${ROUNDS:-3}
 STRATA_CHUNK=${STRATA_CHUNK:-8MiB}
 MOUNT_TIMEOUT=60
@@ -40,7 +43,7 @@ for v in SIZE_MB FILES CKPT_MB DIR_FILES SMALL_FILES SMALL_KB READERS FIO_RUNTIM
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "$v must be a positive integer, got '${!v}'" >&2; exit 2; }
 done
 for b in ${ONLY//,/ }; do
-  [[ $b =~ ^(cold|warm|random|small|meta|ckpt|dirmv)$ ]] || { echo "ONLY: unknown bench '$b'" >&2; exit 2; }
+  [[ $b =~ ^(cold|warm|random|small|smallfit|meta|ckpt|dirmv)$ ]] || { echo "ONLY: unknown bench '$b'" >&2; exit 2; }
 done
 want() { [[ ,$ONLY, == *,$1,* ]]; }
 
@@ -49,6 +52,7 @@ URL=http://127.0.0.1:${RGW_PORT:-7480}
 export STRATA_TEST_S3_ENDPOINT=$URL STRATA_TEST_S3_BUCKET=$BUCKET
 export AWS_ACCESS_KEY_ID=$AK AWS_SECRET_ACCESS_KEY=$SK AWS_REGION=us-east-1
 BIG_BYTES=$((SIZE_MB << 20)) CKPT_BYTES=$((CKPT_MB << 20)) SMALL_BYTES=$((SMALL_FILES * SMALL_KB << 10))
+FIT_MIB=$((SMALL_BYTES * 3 / 2 >> 20))
 
 log() { printf '%(%H:%M:%S)T == %s\n' -1 "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -205,7 +209,7 @@ start_rclone() {
   mkdir -p "$MNT"
   rm -rf "$WORK/rclone-cache"
   env -u AWS_CA_BUNDLE RCLONE_CONFIG="$WORK/rclone.conf" rclone mount "bench:$BUCKET" "$MNT" \
-    --cache-dir "$WORK/rclone-cache" "${RCLONE_OPTS[@]}" \
+    --cache-dir "$WORK/rclone-cache" "${RCLONE_OPTS[@]}" "${@:2}" \
     --log-level NOTICE </dev/null >>"$WORK/logs/rclone-$1.log" 2>&1 &
   MPID=$!
   echo "$MPID $MNT" >>"$WORK/mounts"
@@ -401,18 +405,19 @@ meta_s3fs() { meta_fs s3fs; }
 meta_rclone() { meta_fs rclone; }
 meta_strata() { meta_fs strata strata-meta fresh --metadata-ttl 300s; }
 
-# small_fs TOOL ARGS...: the first epoch over the small files through a fresh mount, page
+# small_fs BENCH TOOL ARGS...: the first epoch over the small files through a fresh mount, page
 # cache dropped, then the second on the same mount, page cache dropped again. Between the two,
 # strata is given up to 120 s to finish its whole-file copies (made in the background after a
 # file is read, for passthrough), as a training job's next epoch would find them.
 small_fs() {
-  local cold warm copies=0 t0
+  local bench=$1 cold warm copies=0 t0
+  shift
   drop_caches
-  "start_$1" "small-$1" "${@:2}"
+  "start_$1" "$bench-$1" "${@:2}"
   cold=$(small_mibs "$MNT/bench/small")
   if [[ $1 == strata ]]; then
     t0=$EPOCHREALTIME
-    while copies=$(find "$WORK/strata-small" -name '*.file' | wc -l) && ((copies < SMALL_FILES)); do
+    while copies=$(find "$WORK/strata-$bench" -name '*.file' | wc -l) && ((copies < SMALL_FILES)); do
       (($(elapsed "$t0" "$EPOCHREALTIME" | cut -d. -f1) < 120)) || break
       sleep 0.2
     done
@@ -421,12 +426,15 @@ small_fs() {
   drop_caches
   warm=$(small_mibs "$MNT/bench/small")
   stop_mount "$MPID" "$MNT"
-  result "small.cold.$1" "$cold"
-  result "small.warm.$1" "$warm"
+  result "$bench.cold.$1" "$cold"
+  result "$bench.warm.$1" "$warm"
 }
-small_s3fs() { small_fs s3fs; }
-small_rclone() { small_fs rclone; }
-small_strata() { small_fs strata strata-small fresh --immutable; }
+small_s3fs() { small_fs small s3fs; }
+small_rclone() { small_fs small rclone; }
+small_strata() { small_fs small strata strata-small fresh --immutable; }
+# A cache of 1.5 x the dataset holds each file once, not its chunks and its copy both.
+smallfit_rclone() { small_fs smallfit rclone --vfs-cache-max-size "${FIT_MIB}M"; }
+smallfit_strata() { HOT_CAPACITY=${FIT_MIB}MiB small_fs smallfit strata strata-smallfit fresh --immutable; }
 small_raw() {
   local out bytes secs n
   drop_caches
@@ -587,7 +595,7 @@ if want meta; then
   out=$("$BIN/raw_s3" put-many "$BUCKET" bench/many "$FILES" --size 1024 --parallel 64)
   log "uploaded in ${out#* } s"
 fi
-if want small; then
+if want small || want smallfit; then
   log "uploading $SMALL_FILES objects of $SMALL_KB KiB under bench/small/, and a local copy"
   out=$("$BIN/raw_s3" put-many "$BUCKET" bench/small "$SMALL_FILES" --size $((SMALL_KB << 10)) --parallel 64)
   log "uploaded in ${out#* } s"
@@ -627,6 +635,10 @@ for round in $(seq "$ROUNDS"); do
   fi
   if want small; then
     for t in s3fs rclone strata raw local; do step "small files: $t" "small_$t"; done
+  fi
+  if want smallfit; then
+    for t in rclone strata; do step "small files, cache of 1.5 x the dataset: $t" "smallfit_$t"; done
+    want small || step "small files: local" small_local
   fi
   if want dirmv; then
     for t in s3fs rclone strata; do step "directory rename: $t" "dirmv_$t"; done
@@ -705,7 +717,7 @@ env_prefix=""
 [[ $SMALL_FILES == 5000 ]] || env_prefix+="SMALL_FILES=$SMALL_FILES "
 [[ $SMALL_KB == 112 ]] || env_prefix+="SMALL_KB=$SMALL_KB "
 [[ $READERS == 8 ]] || env_prefix+="READERS=$READERS "
-[[ $ONLY == cold,warm,random,small,meta,ckpt,dirmv ]] || env_prefix+="ONLY=$ONLY "
+[[ $ONLY == cold,warm,random,small,smallfit,meta,ckpt,dirmv ]] || env_prefix+="ONLY=$ONLY "
 [[ $ROUNDS == 3 ]] || env_prefix+="ROUNDS=$ROUNDS "
 [[ $FIO_RUNTIME == 20 ]] || env_prefix+="FIO_RUNTIME=$FIO_RUNTIME "
 [[ $STRATA_CHUNK == 8MiB ]] || env_prefix+="STRATA_CHUNK=$STRATA_CHUNK "
@@ -753,6 +765,14 @@ report() {
     s3fs=$(get small.warm.s3fs) rclone=$(get small.warm.rclone) strata=$(get small.warm.strata) local_=$(get small.local)
     r1=$(rratio small.warm.strata best:max:small.warm.s3fs,small.warm.rclone) r2=$(rratio small.warm.strata small.local)
     echo "| small files, second epoch, same mount (MiB/s) | s3fs $s3fs, rclone $rclone, local files $local_ | $strata | $r1 x best peer, $r2 x local | - | - |"
+  fi
+  if want smallfit; then
+    local_=$(get small.local)
+    for e in cold:first warm:second; do
+      rclone=$(get "smallfit.${e%%:*}.rclone") strata=$(get "smallfit.${e%%:*}.strata")
+      r1=$(rratio "smallfit.${e%%:*}.strata" "smallfit.${e%%:*}.rclone") r2=$(rratio "smallfit.${e%%:*}.strata" small.local)
+      echo "| small files, ${e#*:} epoch, cache of $FIT_MIB MiB (1.5 x the dataset) (MiB/s) | rclone $rclone, local files $local_ | $strata | $r1 x rclone, $r2 x local | - | - |"
+    done
   fi
   if want meta; then
     for m in cold cached; do

@@ -40,6 +40,7 @@ fn metric(d: &Daemon, sample: &str) -> u64 {
 }
 
 const HOT_READ: &str = "strata_tier_read_bytes_total{tier=\"hot\"}";
+const WARM_READ: &str = "strata_tier_read_bytes_total{tier=\"warm\"}";
 const PASSTHROUGH_OPENS: &str = "strata_fs_opens_total{mode=\"passthrough\"}";
 
 fn dataset(files: &[(&str, &[u8])], passthrough: bool) -> (tempfile::TempDir, tempfile::TempDir, Daemon) {
@@ -47,6 +48,11 @@ fn dataset(files: &[(&str, &[u8])], passthrough: bool) -> (tempfile::TempDir, te
 }
 
 fn dataset_with(files: &[(&str, &[u8])], mount_toml: &str) -> (tempfile::TempDir, tempfile::TempDir, Daemon) {
+    dataset_in(files, mount_toml, "256MiB")
+}
+
+/// A daemon mounting `files`, with a hot tier of `hot` bytes and a warm tier of 256 MiB.
+fn dataset_in(files: &[(&str, &[u8])], mount_toml: &str, hot: &str) -> (tempfile::TempDir, tempfile::TempDir, Daemon) {
     let cold = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(cold.path().join("ds")).unwrap();
     for (name, bytes) in files {
@@ -59,7 +65,7 @@ fn dataset_with(files: &[(&str, &[u8])], mount_toml: &str) -> (tempfile::TempDir
         cold.path().display(),
         mnt.path().display()
     );
-    let d = Daemon::start(&body, "256MiB", "256MiB");
+    let d = Daemon::start(&body, hot, "256MiB");
     assert!(mounted(mnt.path()), "the daemon did not mount its dataset:\n{}", d.log());
     (cold, mnt, d)
 }
@@ -91,6 +97,36 @@ fn fuse_root_whole_hot_files_pass_through_and_stay_hot_for_the_policy() {
     assert_eq!(whole_copies(d.state()).len(), 1);
     assert_eq!(tier(&d.status(), "hot")["chunks"], 4, "3 chunks and the copy of opened.bin");
     assert_eq!(std::fs::read(mnt.path().join("idle.bin")).unwrap(), b);
+    d.stop();
+}
+
+#[test]
+#[ignore = "needs root and /dev/fuse: run by .ci/run"]
+fn fuse_root_a_hot_tier_with_room_for_the_copies_but_not_the_chunks_too_keeps_every_copy() {
+    // Twelve files of one 1 MiB chunk each: read whole, each is held twice in the hot tier, as
+    // its chunk and as its copy, 24 MiB against a tier of 20 (18 below its high watermark).
+    // The copies alone fit, so a second epoch should find every file whole there.
+    let files: Vec<(String, Vec<u8>)> = (0..12).map(|i| (format!("f{i:02}.bin"), data(40 + i, 1 << 20))).collect();
+    let refs: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
+    let (_cold, mnt, mut d) = dataset_in(&refs, "passthrough = true\n", "20MiB");
+    for (i, (name, bytes)) in files.iter().enumerate() {
+        assert_eq!(&std::fs::read(mnt.path().join(name)).unwrap(), bytes, "{name}");
+        // The copy of each file read so far must still be there once the next is made.
+        wait_for_whole_copies(d.state(), i + 1, || d.log());
+    }
+    let st = d.status();
+    assert!(tier(&st, "warm")["chunks"].as_u64().unwrap() >= 4, "the room came from chunks moved down: {st}");
+
+    // The second epoch: every open passes through, and the daemon serves no byte of any file.
+    whole_copies(d.state()).iter().for_each(|p| drop_pages(p));
+    files.iter().for_each(|(name, _)| drop_pages(&mnt.path().join(name)));
+    let (served_hot, served_warm) = (metric(&d, HOT_READ), metric(&d, WARM_READ));
+    let opens = metric(&d, PASSTHROUGH_OPENS);
+    for (name, bytes) in &files {
+        assert_eq!(&std::fs::read(mnt.path().join(name)).unwrap(), bytes, "{name}");
+    }
+    assert_eq!(metric(&d, PASSTHROUGH_OPENS), opens + 12, "{}", d.metrics_text());
+    assert_eq!((metric(&d, HOT_READ), metric(&d, WARM_READ)), (served_hot, served_warm));
     d.stop();
 }
 

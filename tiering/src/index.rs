@@ -1,7 +1,7 @@
 //! The in-memory index of cached chunks: where each chunk lives, its size, its access history,
 //! and per-tier accounting of used and reserved bytes.
 
-use crate::key::{ChunkKey, KeyId};
+use crate::key::{ChunkKey, Identity, KeyId};
 use crate::policy::Eviction;
 use crate::tier::TierKind;
 use std::collections::HashMap;
@@ -76,6 +76,8 @@ pub(crate) struct Index {
     pub reserved: [u64; 2],
     pub chunks: [u64; 2],
     next_generation: u64,
+    /// The versions, by path, that have a whole-file copy: their chunks repeat its bytes.
+    copies: HashMap<String, Vec<String>>,
 }
 
 impl Index {
@@ -88,6 +90,9 @@ impl Index {
         e.generation = self.next_generation();
         self.used[e.tier.index()] += e.disk_len;
         self.chunks[e.tier.index()] += 1;
+        if let Identity::File { version, .. } = &e.key.identity {
+            self.copies.entry(e.key.path.clone()).or_default().push(version.clone());
+        }
         if let Some(old) = self.entries.insert(id, e) {
             self.account_removed(&old);
         }
@@ -103,6 +108,24 @@ impl Index {
         let t = e.tier.index();
         self.used[t] -= e.disk_len;
         self.chunks[t] -= 1;
+        if let Identity::File { version, .. } = &e.key.identity
+            && let Some(versions) = self.copies.get_mut(&e.key.path)
+        {
+            if let Some(i) = versions.iter().position(|v| v == version) {
+                versions.swap_remove(i);
+            }
+            if versions.is_empty() {
+                self.copies.remove(&e.key.path);
+            }
+        }
+    }
+
+    /// Whether `e` is a chunk of an object version whose whole-file copy is indexed: every
+    /// open of that version is then served from the copy, so the chunk is the cheapest entry to
+    /// move down a tier.
+    fn repeated_by_a_copy(&self, e: &Entry) -> bool {
+        let Identity::Object { version, .. } = &e.key.identity else { return false };
+        self.copies.get(&e.key.path).is_some_and(|vs| vs.contains(version))
     }
 
     /// Moves the accounting of an entry to another tier after its file moved.
@@ -128,13 +151,22 @@ impl Index {
 
     /// Picks entries of `tier` to move out until at least `need` bytes are freed, in the order
     /// the eviction policy gives. Pinned entries (for warm: pinned anywhere) are never picked.
+    ///
+    /// In the hot tier, chunks that a whole-file copy repeats go first, whatever their score:
+    /// a fully read file is held twice there, and taking its copy (which is dropped, not
+    /// demoted) instead would lose the kernel's direct reads of it while the chunks it repeats
+    /// stayed. The chunks go down to warm, from where a copy can be made again.
     pub fn victims(&self, tier: TierKind, need: u64, how: Eviction, half_life_ms: f64) -> Vec<KeyId> {
         let now = now_ms();
-        let mut c: Vec<(&KeyId, (f64, u64), u64)> = self
+        let mut c: Vec<(&KeyId, (bool, f64, u64), u64)> = self
             .entries
             .iter()
             .filter(|(_, e)| e.tier == tier && !e.moving && e.pin.is_none_or(|p| tier == TierKind::Hot && p != tier))
-            .map(|(id, e)| (id, e.score(how, now, half_life_ms), e.disk_len))
+            .map(|(id, e)| {
+                let (score, tie) = e.score(how, now, half_life_ms);
+                let repeated = tier == TierKind::Hot && self.repeated_by_a_copy(e);
+                (id, (!repeated, score, tie), e.disk_len)
+            })
             .collect();
         c.sort_by(|a, b| a.1.partial_cmp(&b.1).unwrap_or(std::cmp::Ordering::Equal));
         let mut freed = 0;

@@ -482,3 +482,31 @@ async fn a_staged_file_is_adopted_as_the_whole_file_copy_by_a_move() {
     c.open_whole(&whole).unwrap().read_to_end(&mut after).unwrap();
     assert_eq!(after, bytes);
 }
+
+#[tokio::test]
+async fn a_full_hot_tier_demotes_the_chunks_a_whole_file_copy_repeats_before_any_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let k0 = key("f0", 0);
+    // Room for the chunks and copies of 5 of the 8 files read: under plain LRU, the copies of
+    // the first files read were taken as often as their chunks.
+    let hot_cap = 5 * (disk(&k0) + CHUNK as u64) + CHUNK as u64;
+    let c = open(dir.path(), hot_cap, Some(1 << 20), Policy::default());
+    let f = fetcher(CHUNK);
+    let files: Vec<(ChunkKey, ChunkKey)> =
+        (0..8).map(|i| (key(&format!("f{i}"), 0), ChunkKey::whole(format!("f{i}"), "v1", CHUNK as u64))).collect();
+    for (chunk, whole) in &files {
+        c.get(chunk, f.clone(), W).await.unwrap();
+        c.wait_background(Duration::from_secs(5)).await;
+        assert!(c.build_whole(whole.clone(), vec![chunk.clone()]).await.unwrap(), "{whole}");
+        // Distinct access times, so that LRU's order is the reading order.
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    c.wait_background(Duration::from_secs(5)).await;
+    for (chunk, whole) in &files {
+        assert!(c.open_whole(whole).is_some(), "{whole} was dropped while chunks it repeats stayed hot");
+        assert!(c.location(chunk).is_some(), "{chunk} is kept, in one tier or the other");
+    }
+    // The room came from the oldest chunks, moved down rather than dropped.
+    assert_eq!(c.location(&files[0].0), Some(TierKind::Warm));
+    assert!(c.status().tier(TierKind::Hot).unwrap().used <= hot_cap);
+}
