@@ -155,7 +155,8 @@ impl Index {
     /// In the hot tier, chunks that a whole-file copy repeats go first, whatever their score:
     /// a fully read file is held twice there, and taking its copy (which is dropped, not
     /// demoted) instead would lose the kernel's direct reads of it while the chunks it repeats
-    /// stayed. The chunks go down to warm, from where a copy can be made again.
+    /// stayed. The chunks go down to warm (or out, without one); read again, they come back
+    /// up, and a copy can be made from them again.
     pub fn victims(&self, tier: TierKind, need: u64, how: Eviction, half_life_ms: f64) -> Vec<KeyId> {
         let now = now_ms();
         let mut c: Vec<(&KeyId, (bool, f64, u64), u64)> = self
