@@ -432,7 +432,8 @@ small_fs() {
 small_s3fs() { small_fs small s3fs; }
 small_rclone() { small_fs small rclone; }
 small_strata() { small_fs small strata strata-small fresh --immutable; }
-# A cache of 1.5 x the dataset holds each file once, not its chunks and its copy both.
+# A cache of 1.5 x the dataset holds each file once, not its chunks and its copy both. rclone
+# trims its cache to the limit when it polls it (once a minute), so its epochs here run untrimmed.
 smallfit_rclone() { small_fs smallfit rclone --vfs-cache-max-size "${FIT_MIB}M"; }
 smallfit_strata() { HOT_CAPACITY=${FIT_MIB}MiB small_fs smallfit strata strata-smallfit fresh --immutable; }
 small_raw() {
