@@ -14,7 +14,7 @@ use crate::error::CacheError;
 use crate::index::{Entry, now_ms};
 use crate::key::ChunkKey;
 use crate::metrics;
-use crate::tier::TierKind;
+use crate::tier::{TierKind, in_fan_out};
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
@@ -78,7 +78,7 @@ impl Core {
         let tmp = dest.with_extension(format!("tmp.{}.whole", std::process::id()));
         let io = |e| CacheError::io("assembling a whole-file copy in", tier.root(), e);
         let written = (|| -> Result<Option<u64>, std::io::Error> {
-            let mut out = std::io::BufWriter::with_capacity(1 << 20, create_in_fan_out(&tmp)?);
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, in_fan_out(&tmp, || File::create(&tmp))?);
             let mut total = 0;
             for c in chunks {
                 // A chunk evicted meanwhile, or one failing its CRC, ends the attempt: the copy
@@ -171,7 +171,7 @@ impl Core {
         let dest = tier.entry_path(&id, key);
         let io = |e| CacheError::io("installing a whole-file copy in", tier.root(), e);
         let sidecar = dest.with_extension(crate::tier::WHOLE_KEY_EXT);
-        create_in_fan_out(&sidecar)
+        in_fan_out(&sidecar, || File::create(&sidecar))
             .and_then(|mut f| f.write_all(&serde_json::to_vec(key).expect("keys serialize")))
             .map_err(io)?;
         let mut ix = self.lock();
@@ -188,17 +188,5 @@ impl Core {
         ix.insert(id, Entry::new(key.clone(), TierKind::Hot, total, total, now, pin));
         self.update_gauges(&ix);
         Ok(true)
-    }
-}
-
-/// Creates `path`, and its fan-out directory on first use: asking for the directory each time
-/// costs two system calls per file, which a dataset of small files pays thousands of times.
-fn create_in_fan_out(path: &std::path::Path) -> std::io::Result<File> {
-    match File::create(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(path.parent().expect("tier paths have a parent"))?;
-            File::create(path)
-        }
-        r => r,
     }
 }
