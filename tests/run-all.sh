@@ -50,6 +50,7 @@ bash tests/infra/rgw.sh start "$RGW_DIR"
 export STRATA_TEST_S3_ENDPOINT=http://127.0.0.1:${RGW_PORT:-7480}
 export STRATA_TEST_S3_BUCKET=strata-test
 export STRATA_TEST_S3_TLS_ENDPOINT=https://127.0.0.1:${RGW_TLS_PORT:-7443} STRATA_TEST_S3_CA=$RGW_DIR/tls/ca.pem
+export STRATA_TEST_RGW_LOG=$RGW_DIR/log/client.rgw.a.log
 export AWS_ACCESS_KEY_ID=strata-test AWS_SECRET_ACCESS_KEY=strata-test-secret AWS_REGION=us-east-1
 
 log "tests (RGW at $STRATA_TEST_S3_ENDPOINT)"

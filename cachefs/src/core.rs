@@ -1006,7 +1006,7 @@ impl FsCore {
                 n
             }
             writer => {
-                let mut n = self.ns.rename(&from.path, &to).await.map_err(|source| FsError::Namespace {
+                let mut n = self.ns.rename(&from.path, &from.node, &to).await.map_err(|source| FsError::Namespace {
                     what: "renaming",
                     path: from.path.clone(),
                     source,

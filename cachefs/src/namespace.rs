@@ -180,19 +180,21 @@ pub trait Namespace: Send + Sync + 'static {
         })
     }
 
-    fn rename(&self, _from: &str, _to: &str) -> BoxFuture<'static, Result<Node, NsError>> {
+    /// Renames the file at `from`, last seen as `known`, to `to`. Returns the new node.
+    fn rename(&self, _from: &str, _known: &Node, _to: &str) -> BoxFuture<'static, Result<Node, NsError>> {
         let e = NsError::ReadOnly(self.describe());
         Box::pin(async move { Err(e) })
     }
 
-    /// Every file under the directory `dir`, at any depth, by path.
-    fn list_tree(&self, _dir: &str) -> BoxFuture<'static, Result<Vec<String>, NsError>> {
+    /// Every file under the directory `dir`, at any depth: its path, and its node as listed.
+    fn list_tree(&self, _dir: &str) -> BoxFuture<'static, Result<Vec<(String, Node)>, NsError>> {
         let e = NsError::ReadOnly(self.describe());
         Box::pin(async move { Err(e) })
     }
 
-    /// Copies the file at `from` to `to`, replacing it. Returns the new node.
-    fn copy(&self, _from: &str, _to: &str) -> BoxFuture<'static, Result<Node, NsError>> {
+    /// Copies the file at `from`, which a listing gave as `listed`, to `to`, replacing it.
+    /// Returns the new node.
+    fn copy(&self, _from: &str, _listed: &Node, _to: &str) -> BoxFuture<'static, Result<Node, NsError>> {
         let e = NsError::ReadOnly(self.describe());
         Box::pin(async move { Err(e) })
     }

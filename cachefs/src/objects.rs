@@ -192,32 +192,31 @@ impl Namespace for ObjectNamespace {
         .boxed()
     }
 
-    fn rename(&self, from: &str, to: &str) -> BoxFuture<'static, Result<Node, NsError>> {
+    fn rename(&self, from: &str, known: &Node, to: &str) -> BoxFuture<'static, Result<Node, NsError>> {
+        let known = self.info(from, known);
         let (source, from, to) = (self.source.clone(), self.key(from), self.key(to));
-        async move { Ok(Self::node(source.rename(&from, &to).await?)) }.boxed()
+        async move { Ok(Self::node(source.rename(&from, &to, &known).await?)) }.boxed()
     }
 
-    fn list_tree(&self, dir: &str) -> BoxFuture<'static, Result<Vec<String>, NsError>> {
+    fn list_tree(&self, dir: &str) -> BoxFuture<'static, Result<Vec<(String, Node)>, NsError>> {
         let (source, prefix) = (self.source.clone(), format!("{}/", self.key(dir)));
         let root = if self.root.is_empty() { String::new() } else { format!("{}/", self.root) };
         async move {
             let objects = source.list(&prefix).await?;
             Ok(objects
                 .into_iter()
-                .filter_map(|o| o.path.strip_prefix(&root).map(str::to_string))
+                .filter_map(|o| Some((o.path.strip_prefix(&root)?.to_string(), o)))
                 // Directory markers are not files; the tree's keys make its directories.
-                .filter(|p| !p.ends_with('/'))
+                .filter(|(p, _)| !p.ends_with('/'))
+                .map(|(p, o)| (p, Self::node(o)))
                 .collect())
         }
         .boxed()
     }
 
-    fn copy(&self, from: &str, to: &str) -> BoxFuture<'static, Result<Node, NsError>> {
+    fn copy(&self, from: &str, listed: &Node, to: &str) -> BoxFuture<'static, Result<Node, NsError>> {
+        let known = self.info(from, listed);
         let (source, from, to) = (self.source.clone(), self.key(from), self.key(to));
-        async move {
-            source.copy(&from, &to).await?;
-            Ok(Self::node(source.head(&to).await?))
-        }
-        .boxed()
+        async move { Ok(Self::node(source.copy_known(&from, &to, &known).await?)) }.boxed()
     }
 }

@@ -62,6 +62,30 @@ impl Rgw {
         Arc::new(s3)
     }
 
+    /// The request lines of RGW's access log (`"METHOD /bucket/key..."`) that name a key
+    /// starting with `prefix`, once at least `least` of them are there (RGW writes its log a
+    /// moment after it answers; at most 10 s).
+    pub fn requests_under(&self, prefix: &str, least: usize) -> Vec<String> {
+        let log = std::env::var("STRATA_TEST_RGW_LOG")
+            .unwrap_or_else(|_| panic!("STRATA_TEST_RGW_LOG is not set: tests/run-all.sh names RGW's log there"));
+        let needle = format!(" /{}/{}", self.bucket, prefix);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("reading {log}: {e}"));
+            let lines: Vec<String> = text
+                .lines()
+                .filter(|l| l.contains(" beast: "))
+                .filter_map(|l| l.split('"').nth(1))
+                .filter(|r| r.contains(&needle))
+                .map(str::to_string)
+                .collect();
+            if lines.len() >= least || std::time::Instant::now() > deadline {
+                return lines;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
     /// The `[cold]` section pointing at this RGW.
     pub fn cold_toml(&self, extra: &str) -> String {
         format!(

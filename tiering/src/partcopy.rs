@@ -16,7 +16,7 @@ use object_store::client::{HttpClient, HttpConnector, HttpRequestBody, ReqwestCo
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path as ObjPath;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// S3's largest part, and its largest number of parts.
 const MAX_PART: u64 = 5 << 30;
@@ -38,6 +38,9 @@ pub(crate) struct PartCopier {
     retries: usize,
     /// The largest object the store copies in one request.
     pub(crate) single_limit: u64,
+    /// Whether whole copies may go through [`PartCopier::copy_object`]: not when the client
+    /// sets server-side encryption, whose headers only its own copy sends.
+    pub(crate) whole_copies: bool,
 }
 
 /// One part of a copy: bytes `first..=last` of the source as part `number` of upload `id`.
@@ -75,6 +78,7 @@ impl PartCopier {
             timeout: c.timeout.0,
             retries: c.retries,
             single_limit: c.single_copy_limit.0,
+            whole_copies: true,
         })
     }
 
@@ -140,12 +144,45 @@ impl PartCopier {
     async fn copy_part_once(&self, from: &CopySource<'_>, part: &Part<'_>) -> Result<String, (String, bool)> {
         let Part { to, id, number, first, last } = *part;
         let url = format!("{}/{}?partNumber={number}&uploadId={}", self.bucket_url, encode(to.as_ref()), encode(id));
+        let text = self.send_copy(&url, from, Some((first, last))).await?;
+        etag_of(&text).ok_or_else(|| (format!("no ETag in the answer: {text}"), false))
+    }
+
+    /// One `CopyObject` of the whole of `from` to `to`, on the condition that `from` still has
+    /// the ETag given. Returns the new object's ETag and modification time from the copy's own
+    /// answer, which `object_store`'s copy drops, so that no `HEAD` has to follow it. Not
+    /// retried: the caller falls back to the plain copy, which is.
+    pub(crate) async fn copy_object(
+        &self,
+        from: &CopySource<'_>,
+        to: &ObjPath,
+    ) -> Result<(String, SystemTime), (String, bool)> {
+        let url = format!("{}/{}", self.bucket_url, encode(to.as_ref()));
+        let text = self.send_copy(&url, from, None).await?;
+        let etag = etag_of(&text).ok_or_else(|| (format!("no ETag in the answer: {text}"), false))?;
+        let modified = element(&text, "LastModified")
+            .and_then(|t| humantime::parse_rfc3339(&t).ok())
+            .ok_or_else(|| (format!("no LastModified in the answer: {text}"), false))?;
+        Ok((etag, modified))
+    }
+
+    /// Sends a copy request (of `range`, inclusive, or of the whole object) to `url`, signed,
+    /// within the timeout. Returns the answer's body, or what went wrong and whether a retry
+    /// may help.
+    async fn send_copy(
+        &self,
+        url: &str,
+        from: &CopySource<'_>,
+        range: Option<(u64, u64)>,
+    ) -> Result<String, (String, bool)> {
         let mut req = hyper::Request::builder()
             .method("PUT")
-            .uri(&url)
+            .uri(url)
             .header("x-amz-copy-source", format!("/{}/{}", encode(&self.bucket), encode(from.loc.as_ref())))
-            .header("x-amz-copy-source-range", format!("bytes={first}-{last}"))
             .header("content-length", "0");
+        if let Some((first, last)) = range {
+            req = req.header("x-amz-copy-source-range", format!("bytes={first}-{last}"));
+        }
         if !from.etag.is_empty() {
             req = req.header("x-amz-copy-source-if-match", from.etag);
         }
@@ -163,17 +200,32 @@ impl PartCopier {
         .await
         .map_err(|_| (format!("no answer within {:?}", self.timeout), true))??;
         let (status, body) = answer;
-        let text = String::from_utf8_lossy(&body);
+        let text = String::from_utf8_lossy(&body).into_owned();
         // A copy may fail after its 200 has been sent: the error is then in the body.
         if !status.is_success() || text.contains("<Error>") {
             let code = element(&text, "Code").unwrap_or_default();
             let message = element(&text, "Message").unwrap_or_default();
             return Err((format!("HTTP {status} {code} {message}").trim().to_string(), status.is_server_error()));
         }
-        element(&text, "ETag")
-            .map(|e| e.replace("&quot;", "\""))
-            .ok_or_else(|| (format!("no ETag in the answer: {text}"), false))
+        Ok(text)
     }
+}
+
+/// The `ETag` of a copy's answer, quoted as in a header: S3 quotes it in the XML (as `&quot;`),
+/// RGW does not.
+fn etag_of(xml: &str) -> Option<String> {
+    let e = element(xml, "ETag")?.replace("&quot;", "\"");
+    let bare = e.trim_matches('"');
+    (!bare.is_empty()).then(|| format!("\"{bare}\""))
+}
+
+/// Whether whole copies may be hand-signed for the client `b` builds: not when it sets
+/// server-side encryption (from `AWS_SERVER_SIDE_ENCRYPTION`, say), whose headers only its own
+/// copy sends, or the copy would be stored under the bucket's default encryption instead.
+pub(crate) fn may_copy_whole(b: &object_store::aws::AmazonS3Builder) -> bool {
+    // The key's own type is private to object_store; its name is not.
+    let sse = "aws_server_side_encryption".parse::<object_store::aws::AmazonS3ConfigKey>();
+    sse.is_ok_and(|k| b.get_config_value(&k).is_none_or(|v| v.is_empty()))
 }
 
 /// The part size for a copy of `size` bytes from a store that copies up to `limit` at once:
@@ -230,6 +282,15 @@ mod tests {
     }
 
     #[test]
+    fn a_client_with_server_side_encryption_copies_through_object_store_alone() {
+        use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+        assert!(source("").unwrap().parts.as_ref().unwrap().whole_copies);
+        let sse: AmazonS3ConfigKey = "aws_server_side_encryption".parse().unwrap();
+        assert!(may_copy_whole(&AmazonS3Builder::new()));
+        assert!(!may_copy_whole(&AmazonS3Builder::new().with_config(sse, "aws:kms")));
+    }
+
+    #[test]
     fn part_copies_address_the_bucket_as_the_client_does() {
         let url = |extra: &str| source(extra).unwrap().parts.as_ref().unwrap().bucket_url.clone();
         let rgw = "endpoint = \"http://rgw:7480/\"\nallow_http = true";
@@ -252,7 +313,10 @@ mod tests {
     #[test]
     fn answers_are_read_for_their_etag_or_their_error() {
         let ok = "<CopyPartResult><LastModified>x</LastModified><ETag>&quot;abc&quot;</ETag></CopyPartResult>";
-        assert_eq!(element(ok, "ETag").unwrap().replace("&quot;", "\""), "\"abc\"");
+        assert_eq!(etag_of(ok).as_deref(), Some("\"abc\""));
+        let rgw = "<CopyObjectResult><LastModified>2026-12-04T11:40:00.123Z</LastModified><ETag>9af3-3</ETag></CopyObjectResult>";
+        assert_eq!(etag_of(rgw).as_deref(), Some("\"9af3-3\""), "quoted as a HEAD's header is");
+        assert_eq!(etag_of("<ETag></ETag>"), None);
         let err = "<Error><Code>PreconditionFailed</Code><Message>At least one</Message></Error>";
         assert_eq!(element(err, "Code").as_deref(), Some("PreconditionFailed"));
         assert_eq!(element(err, "ETag"), None);

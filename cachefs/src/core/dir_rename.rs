@@ -153,9 +153,9 @@ impl FsCore {
             .list_tree(from)
             .await
             .map_err(|source| (FsError::List { dir: from.to_string(), source }, Vec::new()))?;
-        let mut copies = futures::stream::iter(files.into_iter().filter_map(|old| {
+        let mut copies = futures::stream::iter(files.into_iter().filter_map(|(old, listed)| {
             let new = moved(&old, from, to)?;
-            let copy = self.ns.copy(&old, &new);
+            let copy = self.ns.copy(&old, &listed, &new);
             Some(async move { (old, new, copy.await) })
         }))
         .buffer_unordered(PARALLEL);
