@@ -290,8 +290,7 @@ fn fuse_root_rgw_a_training_pod_keeps_its_dataset_when_the_agent_pod_is_replaced
     let lazy = format!("{}/strata/busybox:esgz", registry());
     let o = node.ctr_remote(&["image", "rpull", "--plain-http", "--snapshotter", "strata", &lazy]);
     assert!(o.status.success(), "rpull: {}\n{}\n--- containerd ---\n{}", out(&o), agent_log(), node.log());
-    let motd =
-        node.ctr_ok(&["run", "--rm", "--snapshotter", "strata", &lazy, "lazy-1", "cat", "/etc/motd"], &agent_log());
+    let motd = node.run_captured("strata", &lazy, "lazy-1", "cat /etc/motd", &agent_log());
     assert_eq!(motd, "strata layer two\n");
     let host_mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let state = vols.host("/var/lib/strata").display().to_string();
@@ -321,8 +320,7 @@ fn fuse_root_rgw_a_training_pod_keeps_its_dataset_when_the_agent_pod_is_replaced
     let o = exec(&node, "train-unpropagated", &format!("sha256sum {d}/ds2.bin"));
     assert!(!o.status.success() && out(&o).contains("not connected"), "{}", out(&o));
     // New containers start from the lazy image on the new agent.
-    let motd =
-        node.ctr_ok(&["run", "--rm", "--snapshotter", "strata", &lazy, "lazy-2", "cat", "/etc/motd"], &agent_log());
+    let motd = node.run_captured("strata", &lazy, "lazy-2", "cat /etc/motd", &agent_log());
     assert_eq!(motd, "strata layer two\n");
 
     for id in ["train", "train-unpropagated"] {

@@ -142,6 +142,22 @@ impl Containerd {
     }
 }
 
+impl Containerd {
+    /// Runs `script` with `sh -c` in a new container of `image` on `snapshotter`, and returns
+    /// what it wrote to its standard output. The output goes to a file bound into the
+    /// container, not through `ctr`: `ctr run` can lose the whole output of a container that
+    /// exits at once (a race of its I/O copy, known in containerd), while the container's own
+    /// write to the file is done before it exits.
+    pub fn run_captured(&self, snapshotter: &str, image: &str, name: &str, script: &str, strata_log: &str) -> String {
+        let out = tempfile::tempdir().unwrap();
+        let bind = format!("type=bind,src={},dst=/strata-out,options=rbind:rw", out.path().display());
+        let script = format!("{{ {script}\n}} >/strata-out/stdout");
+        let args = ["run", "--rm", "--snapshotter", snapshotter, "--mount", &bind, image, name, "sh", "-c", &script];
+        self.ctr_ok(&args, strata_log);
+        std::fs::read_to_string(out.path().join("stdout")).unwrap_or_else(|e| panic!("{name} left no output: {e}"))
+    }
+}
+
 impl Drop for Containerd {
     fn drop(&mut self) {
         // Running containers first, so their shims let go of the rootfs mounts.

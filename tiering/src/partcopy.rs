@@ -291,6 +291,15 @@ mod tests {
     }
 
     #[test]
+    fn bodies_are_signed_over_plain_http_only_unless_asked() {
+        let cold = |extra: &str| -> ColdConfig { toml::from_str(&format!("kind = \"s3\"\n{extra}")).unwrap() };
+        assert!(cold("").unsigned_payload(), "AWS, over HTTPS");
+        assert!(cold("endpoint = \"https://rgw:7443\"").unsigned_payload());
+        assert!(!cold("endpoint = \"http://rgw:7480\"\nallow_http = true").unsigned_payload());
+        assert!(!cold("endpoint = \"https://rgw:7443\"\nsign_payload = true").unsigned_payload());
+    }
+
+    #[test]
     fn part_copies_address_the_bucket_as_the_client_does() {
         let url = |extra: &str| source(extra).unwrap().parts.as_ref().unwrap().bucket_url.clone();
         let rgw = "endpoint = \"http://rgw:7480/\"\nallow_http = true";
