@@ -12,6 +12,21 @@ fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
+/// A `[cold]` config for this RGW under `prefix`, for tests that drive the source directly.
+fn rgw_cold(rgw: &Rgw, prefix: &str) -> strata_tiering::source::ColdConfig {
+    strata_tiering::source::ColdConfig {
+        kind: strata_tiering::source::ColdKind::S3,
+        bucket: Some(rgw.bucket.clone()),
+        prefix: prefix.to_string(),
+        endpoint: Some(rgw.endpoint.clone()),
+        region: Some("us-east-1".into()),
+        allow_http: true,
+        access_key_id: Some(rgw.access_key.clone()),
+        secret_access_key: Some(rgw.secret_key.clone()),
+        ..Default::default()
+    }
+}
+
 fn chunks_of(len: usize) -> u64 {
     (len as u64).div_ceil(1 << 20)
 }
@@ -257,17 +272,7 @@ fn rgw_a_file_too_large_for_the_part_limit_goes_up_in_larger_parts() {
     use object_store::ObjectStoreExt;
     let rgw = Rgw::from_env();
     let prefix = unique_prefix("partlimit");
-    let cold = strata_tiering::source::ColdConfig {
-        kind: strata_tiering::source::ColdKind::S3,
-        bucket: Some(rgw.bucket.clone()),
-        prefix: prefix.clone(),
-        endpoint: Some(rgw.endpoint.clone()),
-        region: Some("us-east-1".into()),
-        allow_http: true,
-        access_key_id: Some(rgw.access_key.clone()),
-        secret_access_key: Some(rgw.secret_key.clone()),
-        ..Default::default()
-    };
+    let cold = rgw_cold(&rgw, &prefix);
     let dir = tempfile::tempdir().unwrap();
     let source = strata_tiering::source::ObjectSource::new(&cold, dir.path()).unwrap().with_max_parts(3);
     let file = dir.path().join("ckpt");
@@ -295,17 +300,7 @@ fn rgw_a_copy_reports_the_new_object_without_a_head() {
     use object_store::ObjectStoreExt;
     let rgw = Rgw::from_env();
     let prefix = unique_prefix("copyetag");
-    let cold = strata_tiering::source::ColdConfig {
-        kind: strata_tiering::source::ColdKind::S3,
-        bucket: Some(rgw.bucket.clone()),
-        prefix: prefix.clone(),
-        endpoint: Some(rgw.endpoint.clone()),
-        region: Some("us-east-1".into()),
-        allow_http: true,
-        access_key_id: Some(rgw.access_key.clone()),
-        secret_access_key: Some(rgw.secret_key.clone()),
-        ..Default::default()
-    };
+    let cold = rgw_cold(&rgw, &prefix);
     let dir = tempfile::tempdir().unwrap();
     let source = strata_tiering::source::ObjectSource::new(&cold, dir.path()).unwrap();
     let put = |key: &str, body: &[u8]| {
