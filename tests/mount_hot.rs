@@ -30,13 +30,8 @@ fn drop_pages(path: &Path) {
     assert!(st.unwrap().success());
 }
 
-/// The value of one sample of the daemon's metrics, 0 when absent.
 fn metric(d: &Daemon, sample: &str) -> u64 {
-    let text = d.metrics_text();
-    text.lines()
-        .find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse::<f64>().ok()))
-        .map(|v| v as u64)
-        .unwrap_or(0)
+    d.metric(sample)
 }
 
 const HOT_READ: &str = "strata_tier_read_bytes_total{tier=\"hot\"}";

@@ -345,3 +345,41 @@ fn rgw_a_copy_reports_the_new_object_without_a_head() {
         delete(&rgw, &k);
     }
 }
+
+/// Every HTTP request the daemon sends to the store is counted, by method and status class, in
+/// `strata_object_requests_total`: for one object, the counts move exactly as RGW's own access
+/// log does. A cold read of three chunks is three GETs; a read of an object that is not there
+/// is a 404.
+#[test]
+#[ignore = "needs Ceph RGW: run by .ci/run"]
+fn rgw_every_request_to_the_store_is_counted() {
+    let rgw = Rgw::from_env();
+    let prefix = unique_prefix("requests");
+    let uploaded = rt().block_on(upload(rgw.store().as_ref(), &prefix, &[("three.bin", 2_500_000)]));
+    let d = Daemon::start(&rgw.cold_toml(""), "64MiB", "64MiB");
+    let sample = |method: &str, status: &str| {
+        d.metric(&format!("strata_object_requests_total{{method=\"{method}\",status=\"{status}\"}}"))
+    };
+    let counted = |status: &str| ["GET", "HEAD"].map(|m| sample(m, status));
+    let (ok0, missing0) = (counted("2xx"), counted("4xx"));
+
+    let (path, sum) = &uploaded[0];
+    assert_eq!(&sha(&d.cat(path)), sum);
+    let ok = counted("2xx");
+    // RGW's log also holds the test's own PUT of the object.
+    let seen = rgw.requests_under(path, 1 + (ok[0] - ok0[0] + ok[1] - ok0[1]) as usize);
+    let by_method = |m: &str| seen.iter().filter(|r| r.starts_with(&format!("{m} "))).count() as u64;
+    assert_eq!(by_method("GET"), 3, "one GET per chunk: {seen:#?}");
+    assert_eq!([ok[0] - ok0[0], ok[1] - ok0[1]], [by_method("GET"), by_method("HEAD")], "{seen:#?}");
+
+    let gone = format!("{prefix}not-there.bin");
+    assert!(!d.tier(&["cat", &gone]).status.success());
+    let missing = counted("4xx");
+    let sent = missing[0] - missing0[0] + missing[1] - missing0[1];
+    let seen = rgw.requests_under(&gone, sent as usize);
+    assert!(sent >= 1 && sent == seen.len() as u64, "{sent} counted, RGW saw {seen:#?}");
+    assert!(d.metrics_text().contains("# HELP strata_object_requests"), "{}", d.metrics_text());
+    for k in keys_under(&rgw, &prefix) {
+        delete(&rgw, &k);
+    }
+}

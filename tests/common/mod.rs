@@ -260,6 +260,15 @@ impl Daemon {
         out.stdout
     }
 
+    /// The value of one sample of the daemon's metrics (`name{labels}`), 0 when absent.
+    pub fn metric(&self, sample: &str) -> u64 {
+        let text = self.metrics_text();
+        text.lines()
+            .find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse::<f64>().ok()))
+            .map(|v| v as u64)
+            .unwrap_or(0)
+    }
+
     pub fn metrics_text(&self) -> String {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(&self.metrics).unwrap();

@@ -68,6 +68,11 @@ impl Agent {
         let listener = bind_socket(&socket).await?;
         let mut registry = Registry::default();
         self.cache.metrics().register(&mut registry);
+        registry.register(
+            crate::metrics::OBJECT_REQUESTS,
+            "HTTP requests sent to the object store, retries and listing pages included, by method and status class",
+            self.source.requests(),
+        );
         let registry = Arc::new(registry);
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
 

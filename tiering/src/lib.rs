@@ -19,6 +19,7 @@ pub mod metrics;
 mod partcopy;
 pub mod pattern;
 pub mod policy;
+pub mod requests;
 mod restore;
 pub mod source;
 pub mod status;

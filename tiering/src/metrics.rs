@@ -21,6 +21,7 @@ pub const CHECKSUM_FAILURES: &str = "strata_checksum_failures";
 pub const PROMOTIONS: &str = "strata_promotions";
 pub const DEMOTIONS: &str = "strata_demotions";
 pub const EVICTIONS: &str = "strata_evictions";
+pub const OBJECT_REQUESTS: &str = "strata_object_requests";
 pub const COLD_FETCHES: &str = "strata_cold_fetches";
 pub const COLD_FETCH_ERRORS: &str = "strata_cold_fetch_errors";
 pub const COLD_FETCH_BYTES: &str = "strata_cold_fetch_bytes";

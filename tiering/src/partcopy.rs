@@ -12,7 +12,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::ClientOptions;
 use object_store::aws::{AmazonS3, AwsAuthorizer};
-use object_store::client::{HttpClient, HttpConnector, HttpRequestBody, ReqwestConnector};
+use object_store::client::{HttpClient, HttpConnector, HttpRequestBody};
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path as ObjPath;
 use std::sync::Arc;
@@ -64,6 +64,7 @@ impl PartCopier {
     /// `bucket_url` and `region` as the client resolved them; the rest from the config.
     pub(crate) fn new(
         s3: Arc<AmazonS3>,
+        connector: &impl HttpConnector,
         options: &ClientOptions,
         bucket_url: String,
         region: String,
@@ -71,7 +72,7 @@ impl PartCopier {
     ) -> Result<PartCopier, object_store::Error> {
         Ok(PartCopier {
             s3,
-            client: ReqwestConnector::default().connect(options)?,
+            client: connector.connect(options)?,
             bucket_url,
             bucket: c.bucket.clone().unwrap_or_default(),
             region,

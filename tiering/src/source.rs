@@ -8,6 +8,7 @@ use crate::cache::Fetcher;
 use crate::error::FetchError;
 use crate::key::{ChunkKey, Identity};
 use crate::partcopy::{CopySource, PartCopier};
+use crate::requests::{CountingConnector, RequestCounts};
 use crate::units::{ByteSize, Dur};
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -207,6 +208,8 @@ pub struct ObjectSource {
     pub(crate) s3: Option<Arc<object_store::aws::AmazonS3>>,
     /// Copies in parts, for an S3 store.
     pub(crate) parts: Option<Arc<PartCopier>>,
+    /// Every HTTP request sent to the store, by method and outcome.
+    requests: RequestCounts,
 }
 
 impl ObjectSource {
@@ -221,6 +224,7 @@ impl ObjectSource {
         }
         let mut parts = None;
         let mut s3_client = None;
+        let requests = RequestCounts::default();
         let prefix = c.prefix.trim_matches('/').to_string();
         let (store, describe): (Arc<dyn ObjectStore>, String) = match c.kind {
             ColdKind::Local => {
@@ -293,6 +297,7 @@ impl ObjectSource {
                 // with_client_options replaces the whole option set, allow_http included, so it
                 // must come before with_allow_http.
                 b = b
+                    .with_http_connector(CountingConnector { counts: requests.clone() })
                     .with_unsigned_payload(c.unsigned_payload())
                     .with_client_options(opts.clone())
                     .with_allow_http(c.allow_http)
@@ -313,7 +318,8 @@ impl ObjectSource {
                 let whole_copies = crate::partcopy::may_copy_whole(&b);
                 let s3 = Arc::new(b.build().map_err(|e| cfg_err("bucket", client_error(&e)))?);
                 let opts = opts.with_allow_http(c.allow_http);
-                let mut copier = PartCopier::new(s3.clone(), &opts, bucket_url, region, c)
+                let connector = CountingConnector { counts: requests.clone() };
+                let mut copier = PartCopier::new(s3.clone(), &connector, &opts, bucket_url, region, c)
                     .map_err(|e| cfg_err("endpoint", client_error(&e)))?;
                 copier.whole_copies = whole_copies;
                 parts = Some(Arc::new(copier));
@@ -336,7 +342,14 @@ impl ObjectSource {
             max_parts: MAX_PARTS,
             s3: s3_client,
             parts,
+            requests,
         })
+    }
+
+    /// The HTTP requests sent to the store so far, by method and outcome (none for a local
+    /// store), for the metrics.
+    pub fn requests(&self) -> RequestCounts {
+        self.requests.clone()
     }
 
     /// Where the bytes come from, for messages: `s3://bucket at http://host:port`.
