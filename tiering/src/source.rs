@@ -102,12 +102,12 @@ fn default_single_copy_limit() -> ByteSize {
 }
 
 impl ColdConfig {
-    /// Whether requests leave their body out of the signature. Over TLS, a body's SHA-256 in
-    /// the signature guards nothing that TLS does not already, and costs a fifth of the mount's
-    /// CPU in a checkpoint's upload: it is left out there, as AWS's own SDKs do. Over plain
-    /// HTTP it is the body's only check, and kept.
-    pub fn unsigned_payload(&self) -> bool {
-        let tls = self.endpoint.as_deref().is_none_or(|e| e.starts_with("https://"));
+    /// Whether requests to `endpoint` (none: AWS) leave their body out of the signature. Over
+    /// TLS, a body's SHA-256 in the signature guards nothing that TLS does not already, and
+    /// costs a fifth of the mount's CPU in a checkpoint's upload: it is left out there, as
+    /// AWS's own SDKs do. Over plain HTTP it is the body's only check, and kept.
+    pub fn unsigned_payload(&self, endpoint: Option<&str>) -> bool {
+        let tls = endpoint.is_none_or(|e| e.starts_with("https://"));
         tls && !self.sign_payload
     }
 }
@@ -294,11 +294,13 @@ impl ObjectSource {
                         opts = opts.with_root_certificate(cert);
                     }
                 }
+                // The endpoint as the client resolved it: `AWS_ENDPOINT` may have set it.
+                let endpoint = b.get_config_value(&object_store::aws::AmazonS3ConfigKey::Endpoint);
                 // with_client_options replaces the whole option set, allow_http included, so it
                 // must come before with_allow_http.
                 b = b
                     .with_http_connector(CountingConnector { counts: requests.clone() })
-                    .with_unsigned_payload(c.unsigned_payload())
+                    .with_unsigned_payload(c.unsigned_payload(endpoint.as_deref()))
                     .with_client_options(opts.clone())
                     .with_allow_http(c.allow_http)
                     .with_virtual_hosted_style_request(!c.path_style)
@@ -651,11 +653,12 @@ impl ObjectSource {
             // name and ignores S3's, so the answer's ETag is what is checked instead.
             let src = CopySource { loc: &a, size: known.size, etag: "" };
             match parts.copy_object(&src, &b).await {
-                Ok((version, modified)) if version == known.version => {
+                Ok(Some((version, modified))) if version == known.version => {
                     return Ok(ObjectInfo { path: to.to_string(), size: known.size, version, modified });
                 }
-                Ok((version, _)) => {
-                    tracing::debug!(from, to, listed = %known.version, copied = %version, "the source changed since it was listed");
+                Ok(answer) => {
+                    let copied = answer.map(|(v, _)| v).unwrap_or_default();
+                    tracing::debug!(from, to, listed = %known.version, %copied, "the copy is not of the listed version, or did not say; reading it back");
                     return self.head(to).await;
                 }
                 Err((message, _)) => {
