@@ -146,11 +146,13 @@ impl Fetcher for LayerFetcher {
                     blob.rejects.early_chunks.inc();
                     stream
                 }
-                None => blob
-                    .registry
-                    .blob_range_stream(&blob.image, &blob.digest, chunk.offset..end)
-                    .await
-                    .map_err(registry_err)?,
+                None => {
+                    tracing::debug!(layer = %blob.digest, path, offset = chunk.offset, end, window, extra = extra.len(), "a read fetches a range");
+                    blob.registry
+                        .blob_range_stream(&blob.image, &blob.digest, chunk.offset..end)
+                        .await
+                        .map_err(registry_err)?
+                }
             };
             // The reader's own chunk comes first in the range: it returns as soon as that is
             // in, not when the whole window is.
@@ -314,8 +316,12 @@ async fn read_local(cache: strata_tiering::TieredCache, key: &ChunkKey) -> Optio
     tokio::task::spawn_blocking(move || cache.get_local_blocking(&key)).await.ok().flatten()
 }
 
+/// Whether chunk `c` of `path` needs no fetch of its own: it is in a local tier, or a read's
+/// fetch through the cache has it, whose bytes go into a tier once the read has them. A read
+/// ahead that took such a chunk between the two would fetch it a second time.
 fn cached(cache: &strata_tiering::TieredCache, (path, c): &(String, Chunk)) -> bool {
-    is_cached(cache, path, c)
+    let key = ChunkKey::digest(path, c.digest.clone());
+    cache.location(&key).is_some() || cache.fetching(&key)
 }
 
 /// Reads the next window after `from` in the background, unless enough are in flight. Each
@@ -340,6 +346,7 @@ fn read_ahead(blob: &Arc<Blob>, pieces: &Pieces, from: u64) {
     let blob = blob.clone();
     let pieces = pieces.clone();
     let cache = cache.clone();
+    tracing::debug!(layer = %blob.digest, start = range.start, end = range.end, chunks = extra.len(), "reading ahead");
     tokio::spawn(async move {
         // The link goes on with the next window while the end of this one is decoded.
         let next = || read_ahead(&blob, &pieces, range.end);

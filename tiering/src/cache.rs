@@ -290,6 +290,12 @@ impl TieredCache {
         self.core.lock().entries.get(&key.id()).map(|e| e.tier)
     }
 
+    /// Whether a fetch of `key` through [`TieredCache::get`] is under way, its bytes not yet
+    /// written into a tier: a caller choosing what else to fetch leaves it to that fetch.
+    pub fn fetching(&self, key: &ChunkKey) -> bool {
+        self.inflight.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&key.id())
+    }
+
     /// How many accesses the index has counted to an entry since it was cached, if it is.
     pub fn hits(&self, key: &ChunkKey) -> Option<u64> {
         self.core.lock().entries.get(&key.id()).map(|e| e.hits)

@@ -92,6 +92,26 @@ async fn concurrent_misses_share_one_fetch() {
     assert_eq!(f.calls.load(Ordering::SeqCst), 1);
 }
 
+/// A chunk being fetched is `fetching` until its bytes are in a tier, not only until the
+/// fetch returns: a layer's read ahead that looked in between took it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunk_is_fetching_until_it_is_in_a_tier() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path(), 1 << 20, None, Policy::default());
+    let f = Arc::new(TestFetcher { len: CHUNK, delay_ms: 200, ..Default::default() });
+    let k = key("a", 3);
+    assert!(!c.fetching(&k));
+    let reading = tokio::spawn({
+        let (c, f, k) = (c.clone(), f.clone(), k.clone());
+        async move { c.get(&k, f, W).await.unwrap() }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(c.fetching(&k) && c.location(&k).is_none(), "under way, not cached yet");
+    assert_eq!(reading.await.unwrap(), bytes_for(&k, CHUNK));
+    c.settled(std::slice::from_ref(&k), std::time::Duration::from_secs(5)).await;
+    assert!(!c.fetching(&k) && c.location(&k).is_some(), "cached, and no longer fetching");
+}
+
 #[tokio::test]
 async fn flipped_byte_is_refetched_and_counted() {
     let dir = tempfile::tempdir().unwrap();
