@@ -367,9 +367,7 @@ fn fuse_root_rgw_over_https_with_the_clusters_own_ca() {
     let ck = object_store::path::Path::from(format!("{prefix}ck"));
     let got = rt().block_on(async { rgw.store().get(&ck).await.unwrap().bytes().await.unwrap() });
     assert!(got == written, "the checkpoint written over TLS is whole in the store");
-    for k in keys_under(&rgw, &prefix) {
-        delete(&rgw, &k);
-    }
+    delete_under(&rgw, &prefix);
 }
 
 const BLOCK: usize = 8 << 20;

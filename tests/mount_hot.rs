@@ -30,10 +30,6 @@ fn drop_pages(path: &Path) {
     assert!(st.unwrap().success());
 }
 
-fn metric(d: &Daemon, sample: &str) -> u64 {
-    d.metric(sample)
-}
-
 const HOT_READ: &str = "strata_tier_read_bytes_total{tier=\"hot\"}";
 const WARM_READ: &str = "strata_tier_read_bytes_total{tier=\"warm\"}";
 const PASSTHROUGH_OPENS: &str = "strata_fs_opens_total{mode=\"passthrough\"}";
@@ -80,10 +76,10 @@ fn fuse_root_whole_hot_files_pass_through_and_stay_hot_for_the_policy() {
     let path = mnt.path().join("opened.bin");
     drop_pages(&path);
     whole_copies(d.state()).iter().for_each(|p| drop_pages(p));
-    let served = metric(&d, HOT_READ);
+    let served = d.metric(HOT_READ);
     assert_eq!(std::fs::read(&path).unwrap(), a);
-    assert_eq!(metric(&d, HOT_READ), served, "the daemon served bytes of a file whole in the hot tier");
-    assert!(metric(&d, PASSTHROUGH_OPENS) >= 1, "no open passed through:\n{}", d.metrics_text());
+    assert_eq!(d.metric(HOT_READ), served, "the daemon served bytes of a file whole in the hot tier");
+    assert!(d.metric(PASSTHROUGH_OPENS) >= 1, "no open passed through:\n{}", d.metrics_text());
 
     // Only `opened.bin` was opened since: the open alone marks its chunks as used, so an idle
     // demotion moves just `idle.bin` down (its whole-file copy is dropped, not moved).
@@ -115,13 +111,13 @@ fn fuse_root_a_hot_tier_with_room_for_the_copies_but_not_the_chunks_too_keeps_ev
     // The second epoch: every open passes through, and the daemon serves no byte of any file.
     whole_copies(d.state()).iter().for_each(|p| drop_pages(p));
     files.iter().for_each(|(name, _)| drop_pages(&mnt.path().join(name)));
-    let (served_hot, served_warm) = (metric(&d, HOT_READ), metric(&d, WARM_READ));
-    let opens = metric(&d, PASSTHROUGH_OPENS);
+    let (served_hot, served_warm) = (d.metric(HOT_READ), d.metric(WARM_READ));
+    let opens = d.metric(PASSTHROUGH_OPENS);
     for (name, bytes) in &files {
         assert_eq!(&std::fs::read(mnt.path().join(name)).unwrap(), bytes, "{name}");
     }
-    assert_eq!(metric(&d, PASSTHROUGH_OPENS), opens + 12, "{}", d.metrics_text());
-    assert_eq!((metric(&d, HOT_READ), metric(&d, WARM_READ)), (served_hot, served_warm));
+    assert_eq!(d.metric(PASSTHROUGH_OPENS), opens + 12, "{}", d.metrics_text());
+    assert_eq!((d.metric(HOT_READ), d.metric(WARM_READ)), (served_hot, served_warm));
     d.stop();
 }
 
@@ -138,10 +134,10 @@ fn fuse_root_without_passthrough_the_daemon_serves_every_read() {
     std::thread::sleep(Duration::from_secs(2));
     assert!(whole_copies(d.state()).is_empty(), "passthrough = false still made a whole-file copy");
     drop_pages(&path);
-    let served = metric(&d, HOT_READ);
+    let served = d.metric(HOT_READ);
     assert_eq!(std::fs::read(&path).unwrap(), a);
-    assert!(metric(&d, HOT_READ) >= served + a.len() as u64, "the reread was not served by the daemon");
-    assert_eq!(metric(&d, PASSTHROUGH_OPENS), 0);
+    assert!(d.metric(HOT_READ) >= served + a.len() as u64, "the reread was not served by the daemon");
+    assert_eq!(d.metric(PASSTHROUGH_OPENS), 0);
     d.stop();
 }
 
@@ -164,7 +160,7 @@ fn fuse_root_a_written_checkpoint_becomes_its_own_whole_file_copy() {
         files_under(d.state()).into_iter().filter(|p| p.extension().is_some_and(|e| e == "data")).collect();
     assert_eq!(staged.len(), 1, "one staged file while writing: {staged:?}");
     let staged_ino = std::fs::metadata(&staged[0]).unwrap().ino();
-    let written_before = metric(&d, HOT_WRITTEN);
+    let written_before = d.metric(HOT_WRITTEN);
     f.sync_all().unwrap();
     drop(f);
     std::fs::rename(&tmp, &path).unwrap();
@@ -177,7 +173,7 @@ fn fuse_root_a_written_checkpoint_becomes_its_own_whole_file_copy() {
     // Only the chunks were written into the tier, from the copy once it was in place: their
     // headers and checksums add a little.
     wait_for_metric(&d, HOT_WRITTEN, written_before + bytes.len() as u64);
-    let written = metric(&d, HOT_WRITTEN) - written_before;
+    let written = d.metric(HOT_WRITTEN) - written_before;
     assert!(
         written >= bytes.len() as u64 && written < bytes.len() as u64 * 3 / 2,
         "{written} bytes written into the hot tier for a checkpoint of {}",
@@ -185,10 +181,10 @@ fn fuse_root_a_written_checkpoint_becomes_its_own_whole_file_copy() {
     );
 
     drop_pages(&copy);
-    let served = metric(&d, HOT_READ);
+    let served = d.metric(HOT_READ);
     assert_eq!(sha(&std::fs::read(&path).unwrap()), sha(&bytes));
-    assert_eq!(metric(&d, HOT_READ), served, "the daemon served bytes of the checkpoint it just wrote");
-    assert!(metric(&d, PASSTHROUGH_OPENS) >= 1, "no open passed through:\n{}", d.metrics_text());
+    assert_eq!(d.metric(HOT_READ), served, "the daemon served bytes of the checkpoint it just wrote");
+    assert!(d.metric(PASSTHROUGH_OPENS) >= 1, "no open passed through:\n{}", d.metrics_text());
     d.stop();
 }
 
@@ -213,13 +209,13 @@ fn fuse_root_random_reads_of_a_hot_file_load_only_the_pieces_they_touch() {
     // O_DIRECT, so the kernel hands each read to the daemon as it is; each jumps 2 MiB back,
     // which ends any sequential run.
     let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&path).unwrap();
-    let before = metric(&d, HOT_READ);
+    let before = d.metric(HOT_READ);
     let mut buf = vec![0u8; 256 << 10];
     for at in [23 * MIB, 21 * MIB + (256 << 10), 19 * MIB + (512 << 10), 17 * MIB + (768 << 10)] {
         f.read_exact_at(&mut buf, at).unwrap();
         assert!(buf == bytes[at as usize..at as usize + buf.len()], "wrong bytes at {at}");
     }
-    assert_eq!(metric(&d, HOT_READ) - before, 4 * (256 << 10), "the hot tier gave more than was asked for");
+    assert_eq!(d.metric(HOT_READ) - before, 4 * (256 << 10), "the hot tier gave more than was asked for");
     d.stop();
 }
 
@@ -291,7 +287,7 @@ const FOREIGN_FLUSHES: &str = "strata_fs_flushes_by_other_processes_total";
 
 fn wait_for_metric(d: &Daemon, sample: &str, at_least: u64) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while metric(d, sample) < at_least {
+    while d.metric(sample) < at_least {
         assert!(Instant::now() < deadline, "{sample} stayed below {at_least}:\n{}", d.metrics_text());
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -353,7 +349,7 @@ fn fuse_root_checkpoints_go_up_while_written_and_appear_only_when_complete() {
     assert!(!object.exists(), "the object is visible before the writer's fsync");
     // A child's exec closes its copy of the descriptor: a flush, by another process.
     assert!(std::process::Command::new("true").status().unwrap().success());
-    assert_eq!(metric(&d, FOREIGN_FLUSHES), 1, "the child's close was a flush by another process");
+    assert_eq!(d.metric(FOREIGN_FLUSHES), 1, "the child's close was a flush by another process");
     assert!(!object.exists(), "a child's close published the half-written checkpoint");
     f.sync_all().unwrap();
     assert_eq!(std::fs::read(&object).unwrap(), bytes, "the object after fsync is not what was written");
@@ -361,7 +357,7 @@ fn fuse_root_checkpoints_go_up_while_written_and_appear_only_when_complete() {
 
     let cut = cold.path().join("ds/cut.pt");
     let mut g = std::fs::File::create(mnt.path().join("cut.pt")).unwrap();
-    let before = metric(&d, PARTS_WHILE_WRITING);
+    let before = d.metric(PARTS_WHILE_WRITING);
     g.write_all(&bytes[..12 << 20]).unwrap();
     wait_for_metric(&d, PARTS_WHILE_WRITING, before + 2);
     d.kill9();

@@ -87,9 +87,7 @@ fn fuse_root_rgw_a_checkpoint_directory_renamed_into_place_moves_whole() {
     assert_eq!(keys_under(&rgw, &format!("{prefix}ck2/")), keys(&prefix, "ck2", &files));
     assert!(keys_under(&rgw, &format!("{prefix}ck/")).is_empty());
     a.stop();
-    for k in keys_under(&rgw, &prefix) {
-        delete(&rgw, &k);
-    }
+    delete_under(&rgw, &prefix);
 }
 
 /// The store stops taking copies part-way through a directory rename: the rename fails with
@@ -121,9 +119,7 @@ fn fuse_root_rgw_a_store_failing_mid_rename_leaves_the_directory_under_its_old_n
     std::fs::rename(m.path("tmp"), m.path("ck")).unwrap();
     assert_eq!(keys_under(&rgw, &prefix), keys(&prefix, "ck", &files));
     m.stop();
-    for k in keys_under(&rgw, &prefix) {
-        delete(&rgw, &k);
-    }
+    delete_under(&rgw, &prefix);
 }
 
 /// The mount is killed while a directory rename is copying: some objects are under the new
@@ -168,7 +164,5 @@ fn fuse_root_rgw_a_crash_mid_rename_is_finished_at_the_next_start() {
         assert!(std::fs::read(again.path(&format!("ck/{rel}"))).unwrap() == *bytes, "{rel} after the restart");
     }
     again.stop();
-    for k in keys_under(&rgw, &prefix) {
-        delete(&rgw, &k);
-    }
+    delete_under(&rgw, &prefix);
 }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::s3::{delete, keys_under};
+use common::s3::delete_under;
 use common::*;
 use std::time::{Duration, Instant};
 
@@ -341,9 +341,7 @@ fn rgw_a_copy_reports_the_new_object_without_a_head() {
     assert_eq!((got.size, got.version), (newer.len() as u64, head.version));
     let loc = object_store::path::Path::from(format!("{prefix}dst/replaced"));
     assert_eq!(rt().block_on(async { rgw.store().get(&loc).await.unwrap().bytes().await.unwrap() }), newer);
-    for k in keys_under(&rgw, &prefix) {
-        delete(&rgw, &k);
-    }
+    delete_under(&rgw, &prefix);
 }
 
 /// Every HTTP request the daemon sends to the store is counted, by method and status class, in
@@ -379,7 +377,5 @@ fn rgw_every_request_to_the_store_is_counted() {
     let seen = rgw.requests_under(&gone, sent as usize);
     assert!(sent >= 1 && sent == seen.len() as u64, "{sent} counted, RGW saw {seen:#?}");
     assert!(d.metrics_text().contains("# HELP strata_object_requests"), "{}", d.metrics_text());
-    for k in keys_under(&rgw, &prefix) {
-        delete(&rgw, &k);
-    }
+    delete_under(&rgw, &prefix);
 }

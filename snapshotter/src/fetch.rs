@@ -320,8 +320,7 @@ async fn read_local(cache: strata_tiering::TieredCache, key: &ChunkKey) -> Optio
 /// fetch through the cache has it, whose bytes go into a tier once the read has them. A read
 /// ahead that took such a chunk between the two would fetch it a second time.
 fn cached(cache: &strata_tiering::TieredCache, (path, c): &(String, Chunk)) -> bool {
-    let key = ChunkKey::digest(path, c.digest.clone());
-    cache.location(&key).is_some() || cache.fetching(&key)
+    is_cached(cache, path, c) || cache.fetching(&ChunkKey::digest(path, c.digest.clone()))
 }
 
 /// Reads the next window after `from` in the background, unless enough are in flight. Each

@@ -140,9 +140,7 @@ impl Containerd {
         );
         String::from_utf8(out.stdout).unwrap()
     }
-}
 
-impl Containerd {
     /// Runs `script` with `sh -c` in a new container of `image` on `snapshotter`, and returns
     /// what it wrote to its standard output. The output goes to a file bound into the
     /// container, not through `ctr`: `ctr run` can lose the whole output of a container that

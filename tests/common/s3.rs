@@ -35,6 +35,13 @@ pub fn get(rgw: &Rgw, key: &str) -> Vec<u8> {
     rt().block_on(async { rgw.store().get(&ObjPath::from(key)).await.unwrap().bytes().await.unwrap() }).to_vec()
 }
 
+/// Deletes every object under `prefix`: a test's own keys, at its end.
+pub fn delete_under(rgw: &Rgw, prefix: &str) {
+    for k in keys_under(rgw, prefix) {
+        delete(rgw, &k);
+    }
+}
+
 /// Every key under `prefix`, sorted.
 pub fn keys_under(rgw: &Rgw, prefix: &str) -> Vec<String> {
     use futures::TryStreamExt;

@@ -61,13 +61,15 @@ pub(crate) struct CopySource<'a> {
 }
 
 impl PartCopier {
-    /// `bucket_url` and `region` as the client resolved them; the rest from the config.
+    /// `bucket_url`, `region` and `whole_copies` ([`may_copy_whole`]) as the client resolved
+    /// them; the rest from the config.
     pub(crate) fn new(
         s3: Arc<AmazonS3>,
         connector: &impl HttpConnector,
         options: &ClientOptions,
         bucket_url: String,
         region: String,
+        whole_copies: bool,
         c: &ColdConfig,
     ) -> Result<PartCopier, object_store::Error> {
         Ok(PartCopier {
@@ -79,7 +81,7 @@ impl PartCopier {
             timeout: c.timeout.0,
             retries: c.retries,
             single_limit: c.single_copy_limit.0,
-            whole_copies: true,
+            whole_copies,
         })
     }
 

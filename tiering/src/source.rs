@@ -321,9 +321,8 @@ impl ObjectSource {
                 let s3 = Arc::new(b.build().map_err(|e| cfg_err("bucket", client_error(&e)))?);
                 let opts = opts.with_allow_http(c.allow_http);
                 let connector = CountingConnector { counts: requests.clone() };
-                let mut copier = PartCopier::new(s3.clone(), &connector, &opts, bucket_url, region, c)
+                let copier = PartCopier::new(s3.clone(), &connector, &opts, bucket_url, region, whole_copies, c)
                     .map_err(|e| cfg_err("endpoint", client_error(&e)))?;
-                copier.whole_copies = whole_copies;
                 parts = Some(Arc::new(copier));
                 s3_client = Some(s3.clone());
                 let at = c.endpoint.clone().unwrap_or_else(|| "AWS S3".into());
