@@ -5,6 +5,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use std::path::PathBuf;
 use strata_cachefs::{DatasetMount, mount_dataset};
+use strata_tiering::services;
 use strata_tiering::source::{ColdConfig, ColdKind, ObjectSource};
 use strata_tiering::units::{ByteSize, Dur};
 use strata_tiering::{CacheConfig, Policy, TierConfig, TieredCache};
@@ -101,6 +102,24 @@ pub struct MountArgs {
     /// A snapshot older than this is taken again.
     #[arg(long, default_value = "1h", value_parser = Dur::parse)]
     snapshot_max_age: Dur,
+    /// Serve this mount's metrics (its tiers, its reads and writes, its requests to the store)
+    /// for Prometheus at `http://HOST:PORT/metrics`. Off by default, so that a mount never
+    /// takes the daemon's port.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_listen: Option<std::net::SocketAddr>,
+    /// The tiers' policy (the daemon's policy file format: pins, TTLs, idle demotion,
+    /// eviction order, watermarks). Default: the built-in policy.
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+    /// How often the policy is applied in the background.
+    #[arg(long, default_value = "30s", value_parser = Dur::parse)]
+    policy_interval: Dur,
+}
+
+fn load_policy(path: Option<&std::path::Path>) -> anyhow::Result<Policy> {
+    let Some(path) = path else { return Ok(Policy::default()) };
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read policy file {}", path.display()))?;
+    Policy::from_toml(&text).map_err(|e| anyhow::anyhow!("policy file {}: {}: {}", path.display(), e.key, e.message))
 }
 
 fn cold_config(a: &MountArgs) -> anyhow::Result<ColdConfig> {
@@ -137,13 +156,17 @@ fn cold_config(a: &MountArgs) -> anyhow::Result<ColdConfig> {
 }
 
 pub async fn run(a: MountArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    if a.policy_interval.0.is_zero() {
+        bail!("--policy-interval must be above 0s");
+    }
+    let policy = load_policy(a.policy.as_deref())?;
     let cold = cold_config(&a)?;
     let source = ObjectSource::new(&cold, &a.state_dir.join("cold"))?;
     let cache_config = CacheConfig {
         hot: TierConfig::new(a.state_dir.join("hot"), a.hot_capacity.0),
         warm: (a.warm_capacity.0 > 0).then(|| TierConfig::new(a.state_dir.join("warm"), a.warm_capacity.0)),
         state_dir: a.state_dir.join("state"),
-        policy: Policy::default(),
+        policy,
     };
     let cache = tokio::task::spawn_blocking(move || TieredCache::open(cache_config)).await??;
     let spec = DatasetMount {
@@ -165,11 +188,37 @@ pub async fn run(a: MountArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
         snapshot_dir: a.snapshot.then(|| a.snapshot_dir.clone().unwrap_or_else(|| a.state_dir.join("snapshots"))),
         snapshot_max_age: a.snapshot_max_age.0,
     };
-    let mounted =
-        mount_dataset(&spec, source, cache.clone()).await.with_context(|| format!("cannot mount {}", a.source))?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    // Bound before mounting, so that a taken port fails the start with nothing mounted.
+    let metrics = match a.metrics_listen {
+        Some(listen) => {
+            let registry = services::registry(&cache, &source);
+            Some(services::serve_metrics(&listen.to_string(), registry, stopped()).await?)
+        }
+        None => None,
+    };
+    let mounted = match mount_dataset(&spec, source, cache.clone()).await {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = stop_tx.send(true);
+            return Err(anyhow::Error::new(e).context(format!("cannot mount {}", a.source)));
+        }
+    };
+    let policy_task = services::spawn_policy(cache.clone(), a.policy_interval.0, stopped());
     eprintln!("mounted {} at {}", a.source, a.mountpoint.display());
     shutdown.await;
+    let _ = stop_tx.send(true);
     tokio::task::spawn_blocking(move || mounted.unmount()).await?.context("unmounting")?;
+    let _ = policy_task.await;
+    if let Some(task) = metrics {
+        let _ = task.await;
+    }
     cache.flush().await?;
     eprintln!("unmounted {}", a.mountpoint.display());
     Ok(())

@@ -313,6 +313,93 @@ fn fuse_root_bad_sources_fail_at_mount_time() {
     assert!(err.contains("only s3://"), "{err}");
 }
 
+/// A standalone mount, with its own tiers, is watched and kept to its policy as the daemon's
+/// cache is: its metrics endpoint counts what a read fetched and sent, and its policy runs in
+/// the background (here, demoting an idle file to the warm tier, from which it still reads
+/// whole). A policy file that is wrong, or a metrics port that is taken, fails the mount.
+#[test]
+#[ignore = "needs root, /dev/fuse and Ceph RGW: run by .ci/run"]
+fn fuse_root_rgw_a_standalone_mount_serves_metrics_and_applies_its_policy() {
+    let rgw = Rgw::from_env();
+    let prefix = unique_prefix("standalone");
+    let len = 3_000_000;
+    rt().block_on(upload(rgw.store().as_ref(), &prefix, &[("data.bin", len)]));
+    let want = data(1 + prefix.len() as u64, len);
+    let source = format!("s3://{}/{}", rgw.bucket, prefix.trim_end_matches('/'));
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, "hot_idle = \"1s\"\n").unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let policy_arg = policy.to_string_lossy().into_owned();
+    let args = [
+        "--endpoint",
+        &rgw.endpoint,
+        "--region",
+        "us-east-1",
+        "--warm-capacity",
+        "64MiB",
+        "--no-passthrough",
+        "--metrics-listen",
+        &addr,
+        "--policy",
+        &policy_arg,
+        "--policy-interval",
+        "1s",
+    ];
+    let mut m = Mount::start_in(dir, &source, &args);
+
+    assert!(std::fs::read(m.path("data.bin")).unwrap() == want, "the first read differs from the object");
+    let fetched = metric_at(&addr, "strata_cold_fetch_bytes_total");
+    assert_eq!(fetched, len as u64, "the metrics should count the object's bytes fetched once");
+    let gets = metric_at(&addr, "strata_object_requests_total{method=\"GET\",status=\"2xx\"}");
+    assert!(gets >= 1, "no GET counted:\n{}", metrics_at(&addr));
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric_at(&addr, "strata_tier_chunks{tier=\"hot\"}") > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the policy never demoted the idle file:\n{}\n{}",
+            metrics_at(&addr),
+            m.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(metric_at(&addr, "strata_demotions_total") > 0, "{}", metrics_at(&addr));
+    assert!(metric_at(&addr, "strata_tier_chunks{tier=\"warm\"}") > 0, "{}", metrics_at(&addr));
+    // Dropped from the kernel's cache, the file is read again from the warm tier, not the store.
+    Command::new("sh").args(["-c", "echo 3 > /proc/sys/vm/drop_caches"]).status().unwrap();
+    assert!(std::fs::read(m.path("data.bin")).unwrap() == want, "the read from the warm tier differs");
+    assert_eq!(metric_at(&addr, "strata_cold_fetch_bytes_total"), len as u64, "the second read went to the store");
+    m.stop();
+
+    // What must fail at start: a policy with a bad key's value, a port in use.
+    let fails = |extra: &[&str]| {
+        let dir = tempfile::tempdir().unwrap();
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let out = Command::new(BIN)
+            .args(["mount", &source])
+            .arg(&mnt)
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .args(["--endpoint", &rgw.endpoint, "--region", "us-east-1"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "mount {extra:?} should fail");
+        assert!(!mounted(&mnt), "a failed start left {} mounted", mnt.display());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let bad = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(bad.path(), "hot_idle = \"soon\"\n").unwrap();
+    let err = fails(&["--policy", &bad.path().to_string_lossy()]);
+    assert!(err.contains("hot_idle") && err.contains(&*bad.path().to_string_lossy()), "{err}");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = taken.local_addr().unwrap().to_string();
+    let err = fails(&["--metrics-listen", &busy]);
+    assert!(err.contains(&busy) && err.contains("in use"), "{err}");
+}
+
 /// An on-premises Ceph serves HTTPS with a certificate signed by its own CA. Given that CA
 /// (`--ca-file`), the mount reads and writes the bucket over TLS; without it, mounting fails at
 /// once and says that the certificate is not trusted; a CA file that holds no certificate is

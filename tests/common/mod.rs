@@ -144,6 +144,25 @@ pub struct Daemon {
     child: Option<Child>,
 }
 
+/// The text of `GET /metrics` at `addr` (`host:port`).
+pub fn metrics_at(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// The value of the sample line that starts with `sample` (name and labels), 0 if absent.
+pub fn metric_at(addr: &str, sample: &str) -> u64 {
+    metrics_at(addr)
+        .lines()
+        .find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse::<f64>().ok()))
+        .map(|v| v as u64)
+        .unwrap_or(0)
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -262,20 +281,11 @@ impl Daemon {
 
     /// The value of one sample of the daemon's metrics (`name{labels}`), 0 when absent.
     pub fn metric(&self, sample: &str) -> u64 {
-        let text = self.metrics_text();
-        text.lines()
-            .find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse::<f64>().ok()))
-            .map(|v| v as u64)
-            .unwrap_or(0)
+        metric_at(&self.metrics, sample)
     }
 
     pub fn metrics_text(&self) -> String {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(&self.metrics).unwrap();
-        write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        out
+        metrics_at(&self.metrics)
     }
 
     pub fn state(&self) -> &Path {

@@ -5,11 +5,10 @@ use crate::admin::server::{AdminState, router};
 use crate::cache::TieredCache;
 use crate::config::{Config, ConfigError};
 use crate::error::CacheError;
+use crate::services;
 use crate::source::{ObjectSource, SourceError};
-use prometheus_client::registry::Registry;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use tracing::{info, warn};
 
 #[derive(Debug, thiserror::Error)]
@@ -66,76 +65,25 @@ impl Agent {
     ) -> Result<(), AgentError> {
         let socket = self.config.admin.socket.clone();
         let listener = bind_socket(&socket).await?;
-        let mut registry = Registry::default();
-        self.cache.metrics().register(&mut registry);
-        registry.register(
-            crate::metrics::OBJECT_REQUESTS,
-            "HTTP requests sent to the object store, retries and listing pages included, by method and status class",
-            self.source.requests(),
-        );
-        let registry = Arc::new(registry);
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-
+        let stopped = || {
+            let mut rx = stop_rx.clone();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        };
         let metrics_task = if self.config.metrics.listen.is_empty() {
             None
         } else {
-            let listen = self.config.metrics.listen.clone();
-            let tcp = tokio::net::TcpListener::bind(&listen)
-                .await
-                .map_err(|source| AgentError::Metrics { listen: listen.clone(), source })?;
-            info!(%listen, "metrics endpoint listening");
-            let app = axum::Router::new().route(
-                "/metrics",
-                axum::routing::get(move || {
-                    let registry = registry.clone();
-                    async move {
-                        let mut out = String::new();
-                        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
-                        ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], out)
-                    }
-                }),
-            );
-            let mut rx = stop_rx.clone();
-            Some(tokio::spawn(async move {
-                let _ = axum::serve(tcp, app)
-                    .with_graceful_shutdown(async move {
-                        let _ = rx.wait_for(|s| *s).await;
-                    })
-                    .await;
-            }))
+            let registry = services::registry(&self.cache, &self.source);
+            Some(services::serve_metrics(&self.config.metrics.listen, registry, stopped()).await?)
         };
-
-        let policy_task = {
-            let cache = self.cache.clone();
-            let every = self.config.policy.interval.0;
-            let mut rx = stop_rx.clone();
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(every);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tokio::select! {
-                        _ = tick.tick() => {}
-                        _ = rx.wait_for(|s| *s) => break,
-                    }
-                    match cache.apply_policy().await {
-                        Ok(pass) if pass != Default::default() => info!(?pass, "policy applied"),
-                        Ok(_) => {}
-                        Err(e) => warn!(error = %e, "policy pass failed"),
-                    }
-                }
-            })
-        };
+        let policy_task = services::spawn_policy(self.cache.clone(), self.config.policy.interval.0, stopped());
 
         let state = AdminState::new(self.cache.clone(), self.source.clone(), self.config.policy_file());
         info!(socket = %socket.display(), cold = self.source.describe(), "strata daemon ready");
-        let mut rx = stop_rx.clone();
-        let admin = tokio::spawn(async move {
-            axum::serve(listener, router(state).merge(extra))
-                .with_graceful_shutdown(async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                })
-                .await
-        });
+        let admin = axum::serve(listener, router(state).merge(extra)).with_graceful_shutdown(stopped());
+        let admin = tokio::spawn(async move { admin.await });
         shutdown.await;
         info!("shutting down");
         let _ = stop_tx.send(true);

@@ -21,6 +21,7 @@ pub mod pattern;
 pub mod policy;
 pub mod requests;
 mod restore;
+pub mod services;
 pub mod source;
 pub mod status;
 pub mod tier;
