@@ -154,6 +154,36 @@ fn fuse_root_sixteen_readers_of_one_and_many_files() {
     m.stop();
 }
 
+/// A file opened again with `O_TRUNC` while another handle of it is open (the kernel sends no
+/// truncate of its own for such an open): the object holds the new content alone, never the
+/// new bytes over the old tail. And a script that writes one file twice in a row, the second
+/// open racing the first close's release, leaves the second content.
+#[test]
+#[ignore = "needs root and /dev/fuse: run by .ci/run"]
+fn fuse_root_an_o_trunc_open_beside_another_handle_rewrites_the_file_whole() {
+    use std::io::Write;
+    let src = tempfile::tempdir().unwrap();
+    let mut m = Mount::start(src.path().to_str().unwrap(), &[]);
+    let p = m.path("latest");
+    let mut first = std::fs::File::create(&p).unwrap();
+    first.write_all(b"step 1000 of the run").unwrap();
+    first.sync_all().unwrap();
+    let reader = std::fs::File::open(&p).unwrap();
+    std::fs::write(&p, b"step 2000").unwrap();
+    assert_eq!(std::fs::read(src.path().join("latest")).unwrap(), b"step 2000", "the store's object");
+    drop(first);
+    drop(reader);
+    assert_eq!(std::fs::read(&p).unwrap(), b"step 2000", "read through the mount");
+    assert_eq!(std::fs::read(src.path().join("latest")).unwrap(), b"step 2000", "after the last close");
+
+    let script = "for i in $(seq 1 30); do echo \"a longer first line $i\" > status; echo \"s$i\" > status; done";
+    let ok = Command::new("sh").arg("-c").arg(script).current_dir(&m.mnt).status().unwrap();
+    assert!(ok.success());
+    assert_eq!(std::fs::read_to_string(m.path("status")).unwrap(), "s30\n");
+    m.stop();
+    assert_eq!(std::fs::read_to_string(src.path().join("status")).unwrap(), "s30\n");
+}
+
 #[test]
 #[ignore = "needs root and /dev/fuse: run by .ci/run"]
 fn fuse_root_sigkill_leaves_no_stale_mount() {

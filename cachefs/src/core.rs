@@ -3,6 +3,8 @@
 //! without the kernel.
 
 mod dir_rename;
+#[cfg(test)]
+mod rewrite_tests;
 
 use crate::namespace::{Namespace, Node, NodeKind, NsError};
 use crate::readahead::ReadAhead;
@@ -179,6 +181,12 @@ pub struct FsCore {
     keeper: Arc<crate::keeper::Keeper>,
     /// Inodes being renamed right now.
     renaming: Mutex<std::collections::HashSet<u64>>,
+    /// For each inode whose current object this mount uploaded: the staged copy that held its
+    /// bytes (by stage id) and the object's version, followed through renames. A staged copy
+    /// becomes the cache of the object only if this still names it: by the time a late release
+    /// gets there, the file may have been rewritten, with the same size and even the same
+    /// version string.
+    published: Mutex<HashMap<u64, (u64, String)>>,
 }
 
 /// Marks an inode as being renamed for as long as it lives.
@@ -264,6 +272,7 @@ impl FsCore {
             demand: Arc::new(tokio::sync::Semaphore::new(chunks - chunks / 2)),
             ahead: Arc::new(tokio::sync::Semaphore::new(chunks / 2)),
             renaming: Mutex::new(Default::default()),
+            published: Mutex::new(HashMap::new()),
         }
     }
 
@@ -534,6 +543,25 @@ impl FsCore {
         Ok(self.new_handle(ino, i.path, i.node, staged, in_place))
     }
 
+    /// An `O_TRUNC` open of a file that is still being written (or whose last handle is not
+    /// yet released) starts its content again, as a truncate to zero would: the kernel sends no
+    /// separate truncate for such an open (`FUSE_ATOMIC_O_TRUNC`). Call before [`FsCore::open`].
+    pub async fn truncate_staged(&self, ino: u64) -> Result<(), FsError> {
+        let Some(staged) = self.writers.lock().unwrap_or_else(|p| p.into_inner()).get(&ino).cloned() else {
+            return Ok(());
+        };
+        let mut s = staged.lock().await;
+        s.truncate(0).map_err(|source| FsError::Stage { path: s.target.clone(), source })?;
+        drop(s);
+        self.update_size(ino, 0);
+        Ok(())
+    }
+
+    /// Whether a file is being written here (a staged copy exists for it).
+    pub fn staging(&self, ino: u64) -> bool {
+        self.writers.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&ino)
+    }
+
     fn new_handle(
         &self,
         ino: u64,
@@ -704,7 +732,8 @@ impl FsCore {
 
     async fn publish(&self, ino: u64, staged: &tokio::sync::Mutex<Staged>) -> Result<(), FsError> {
         let mut s = staged.lock().await;
-        if !s.dirty {
+        // Unlinked while open: its content has no name to go up under.
+        if !s.dirty || s.discarded {
             return Ok(());
         }
         let path = s.target.clone();
@@ -726,14 +755,28 @@ impl FsCore {
                     .map_err(|source| FsError::Publish { path: path.clone(), source }),
             },
         };
-        let node = outcome.inspect_err(|_| s.failed = true)?;
+        let node = match outcome {
+            Ok(node) => node,
+            Err(e) => {
+                s.failed = true;
+                // Recorded now, not at release: a crash while the file is still open must not
+                // let a restart upload what the writer was told had failed.
+                if let Err(why) = s.mark_failed() {
+                    tracing::warn!(path = %path, error = %why, "could not record the failed upload in the staging manifest");
+                }
+                return Err(e);
+            }
+        };
         s.dirty = false;
         // Whatever stopped an upload while writing applied to that content; later writes may
         // stream again.
         s.streamable = true;
-        drop(s);
+        self.published.lock().unwrap_or_else(|p| p.into_inner()).insert(ino, (s.id, node.version.clone()));
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&path);
+        // Before the staged copy is let go: a rename waiting on it must see the node this
+        // publish made, or it would take the file for one not yet uploaded.
         self.set_node(ino, &path, node);
+        drop(s);
         if let Some(parent) = self.parent_of(&path) {
             self.forget_listing(parent);
         }
@@ -859,7 +902,20 @@ impl FsCore {
     async fn keep_as_cache(&self, s: &Staged, ino: u64) {
         let _order = self.keeper.order.lock().await;
         let Ok(i) = self.inode(ino) else { return };
-        // Rewritten since (no version yet) or replaced: these bytes are not that content.
+        // Rewritten since, or replaced: these bytes are not that content.
+        {
+            let mut published = self.published.lock().unwrap_or_else(|p| p.into_inner());
+            match published.get(&ino) {
+                Some((id, version)) if *id == s.id && *version == i.node.version => {
+                    published.remove(&ino);
+                }
+                Some((id, _)) if *id == s.id => {
+                    published.remove(&ino);
+                    return;
+                }
+                _ => return,
+            }
+        }
         if i.node.version.is_empty() || i.node.size != s.len {
             return;
         }
@@ -911,6 +967,7 @@ impl FsCore {
                 source,
             })?;
         }
+        self.published.lock().unwrap_or_else(|p| p.into_inner()).remove(&attr.ino);
         let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
         t.by_path.remove(&path);
         t.by_ino.remove(&attr.ino);
@@ -978,7 +1035,6 @@ impl FsCore {
         if dst_dir.node.kind != NodeKind::Dir {
             return Err(FsError::NotDir);
         }
-        let from = self.inode(src.ino)?;
         let to = join(&dst_dir.path, new_name);
         if let Ok(existing) = self.lookup(new_parent, new_name).await
             && existing.kind == NodeKind::Dir
@@ -986,16 +1042,21 @@ impl FsCore {
             return Err(FsError::IsDir);
         }
         let writer = self.writers.lock().unwrap_or_else(|p| p.into_inner()).get(&src.ino).cloned();
-        let unpublished = match &writer {
-            Some(w) => w.lock().await.dirty || from.node.version.is_empty(),
-            None => false,
+        // Held to the end of the rename: a flush of this file waits, rather than uploading under
+        // the old name between the copy and the delete, and a flush that was running has set
+        // the node it made before the file is read below.
+        let mut staged = match &writer {
+            Some(w) => Some(w.lock().await),
+            None => None,
         };
+        let from = self.inode(src.ino)?;
+        let unpublished = staged.as_ref().is_some_and(|s| s.dirty || from.node.version.is_empty());
         let mut rekey = None;
-        let node = match writer {
-            Some(w) if unpublished => {
+        let node = match staged.as_mut() {
+            Some(s) if unpublished => {
                 // Not uploaded yet: the upload simply goes to the new name. An older object under
                 // the old name (a rewrite in progress) goes away with the name.
-                w.lock().await.retarget(&to).map_err(|source| FsError::Stage { path: to.clone(), source })?;
+                s.retarget(&to).map_err(|source| FsError::Stage { path: to.clone(), source })?;
                 if let Err(e) = self.ns.remove(&from.path).await {
                     tracing::debug!(path = %from.path, error = %e, "nothing to remove under the old name");
                 }
@@ -1005,16 +1066,21 @@ impl FsCore {
                 pending.insert(to.clone(), n.clone());
                 n
             }
-            writer => {
+            s => {
                 let mut n = self.ns.rename(&from.path, &from.node, &to).await.map_err(|source| FsError::Namespace {
                     what: "renaming",
                     path: from.path.clone(),
                     source,
                 })?;
                 // Still open after an fsync: later writes and the close go to the new name.
-                if let Some(w) = writer {
-                    w.lock().await.retarget(&to).map_err(|source| FsError::Stage { path: to.clone(), source })?;
+                if let Some(s) = s {
+                    s.retarget(&to).map_err(|source| FsError::Stage { path: to.clone(), source })?;
                 }
+                let mut published = self.published.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some((_, version)) = published.get_mut(&src.ino).filter(|(_, v)| *v == from.node.version) {
+                    *version = n.version.clone();
+                }
+                drop(published);
                 n.name = new_name.to_string();
                 rekey = Some(n.clone());
                 n
@@ -1030,6 +1096,7 @@ impl FsCore {
             }
             t.by_ino.insert(src.ino, Inode { path: to.clone(), node });
         }
+        drop(staged);
         let to_path = to;
         self.forget_listing(parent);
         self.forget_listing(new_parent);

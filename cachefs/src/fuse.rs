@@ -172,7 +172,16 @@ impl Filesystem for StrataFs {
             return reply
                 .error(errno("open", &FsError::NotSupported("appending to an existing object is not possible")));
         }
-        let fh = match self.core.open(ino.0, write, flags.0 & O_TRUNC != 0) {
+        let truncate = write && flags.0 & O_TRUNC != 0;
+        // Waits for a write or an upload of the file under way; this is a FUSE worker thread,
+        // outside the runtime, so it may block.
+        if truncate
+            && self.core.staging(ino.0)
+            && let Err(e) = self.rt.block_on(self.core.truncate_staged(ino.0))
+        {
+            return reply.error(errno("open", &e));
+        }
+        let fh = match self.core.open(ino.0, write, truncate) {
             Ok(fh) => fh,
             Err(e) => return reply.error(errno("open", &e)),
         };

@@ -53,6 +53,8 @@ pub struct Manifest {
 
 #[derive(Debug)]
 pub struct Staged {
+    /// Unique among this mount's staged copies, past and present.
+    pub id: u64,
     file: File,
     data: PathBuf,
     manifest: PathBuf,
@@ -76,6 +78,9 @@ pub struct Staged {
     sealed: bool,
     /// When the writer began this content.
     pub created: std::time::Instant,
+    /// Dropped (the file was unlinked while open, or its content is done with): nothing of it
+    /// is ever uploaded, whatever is written to it after.
+    pub discarded: bool,
     /// Appends not yet in the file, and whole parts written with `O_DIRECT` kept for the upload.
     direct: Option<Direct>,
     /// The upload's part size, for direct mode to start again when the content does.
@@ -180,6 +185,7 @@ impl Staged {
         let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&data)?;
         // An empty new file is content too: `touch` then close must create an empty object.
         let mut staged = Staged {
+            id,
             file,
             data,
             manifest,
@@ -193,6 +199,7 @@ impl Staged {
             sealed: false,
             upload: None,
             created: std::time::Instant::now(),
+            discarded: false,
             direct: None,
             part,
         };
@@ -357,6 +364,10 @@ impl Staged {
     }
 
     fn record(&self, complete: bool, content: Option<(u64, u32)>) -> io::Result<()> {
+        if self.discarded {
+            // No manifest may come back for a copy that will never be uploaded.
+            return Ok(());
+        }
         let upload = self.upload.clone();
         write_manifest(
             &self.manifest,
@@ -424,6 +435,8 @@ impl Staged {
     }
 
     pub fn discard(&mut self) {
+        self.discarded = true;
+        self.streamable = false;
         self.stop_streaming();
         let _ = std::fs::remove_file(&self.data);
         let _ = std::fs::remove_file(&self.manifest);

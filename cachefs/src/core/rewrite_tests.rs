@@ -1,0 +1,138 @@
+//! Tests of a file written again, renamed or unlinked while another handle, flush or release of
+//! it is still under way: the object holds one version whole, and the cache holds the bytes
+//! of the version its keys name.
+
+use super::tests_support::{cold, setup};
+use super::*;
+
+#[tokio::test]
+async fn an_o_trunc_open_while_the_file_is_still_open_starts_its_content_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = setup(dir.path());
+    let (a, first) = fs.create(ROOT, "f").await.unwrap();
+    fs.write(first, 0, b"0123456789").await.unwrap();
+    fs.flush(first).await.unwrap();
+    // `first` stays open, so the staged copy is still this file's when the next writer opens
+    // it with O_TRUNC (the kernel sends no truncate of its own for that).
+    assert!(fs.staging(a.ino));
+    fs.truncate_staged(a.ino).await.unwrap();
+    assert_eq!(fs.getattr(a.ino).unwrap().size, 0);
+    let second = fs.open(a.ino, true, true).unwrap();
+    fs.write(second, 0, b"short").await.unwrap();
+    fs.flush(second).await.unwrap();
+    assert_eq!(cold(dir.path(), "f").unwrap(), b"short", "the old content's tail is still in the object");
+    fs.release(second).await.unwrap();
+    fs.release(first).await.unwrap();
+    assert_eq!(cold(dir.path(), "f").unwrap(), b"short");
+}
+
+/// `echo 'step 100' > latest; echo 'step 200' > latest`: the first close's release comes
+/// late, after the second content is in the store under the same size. Its staged bytes must
+/// not become the cache of the second version.
+#[tokio::test]
+async fn a_late_release_never_caches_its_bytes_for_a_newer_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(setup(dir.path()));
+    let (a, first) = fs.create(ROOT, "latest").await.unwrap();
+    fs.write(first, 0, b"step 100").await.unwrap();
+    fs.flush(first).await.unwrap();
+    let late = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.release(first).await }
+    });
+    // The first release has let go of the file and waits for a rename that never comes.
+    while fs.staging(a.ino) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let second = fs.open(a.ino, true, true).unwrap();
+    fs.write(second, 0, b"step 200").await.unwrap();
+    fs.flush(second).await.unwrap();
+    late.await.unwrap().unwrap();
+    fs.release(second).await.unwrap();
+    assert_eq!(cold(dir.path(), "latest").unwrap(), b"step 200");
+
+    let reader = fs.open(a.ino, false, false).unwrap();
+    assert_eq!(fs.read(reader, 0, 100).await.unwrap(), &b"step 200"[..], "the cache serves the older bytes");
+    if let Some(mut copy) = fs.whole_file(reader) {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut copy, &mut bytes).unwrap();
+        assert_eq!(bytes, b"step 200", "the whole-file copy holds the older bytes");
+    }
+    fs.release(reader).await.unwrap();
+}
+
+/// A flush (an upload) and a rename of the same file from two threads at once: the object
+/// ends whole under the new name, whichever goes first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rename_racing_a_flush_of_the_file_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(setup(dir.path()));
+    for i in 0..20 {
+        let (tmp, name) = (format!("r{i}.tmp"), format!("r{i}"));
+        let body = format!("checkpoint {i} ").repeat(1000).into_bytes();
+        let (_, fh) = fs.create(ROOT, &tmp).await.unwrap();
+        fs.write(fh, 0, &body).await.unwrap();
+        let flush = tokio::spawn({
+            let fs = fs.clone();
+            async move { fs.flush(fh).await }
+        });
+        let rename = tokio::spawn({
+            let (fs, tmp, name) = (fs.clone(), tmp.clone(), name.clone());
+            async move { fs.rename(ROOT, &tmp, ROOT, &name).await }
+        });
+        flush.await.unwrap().unwrap();
+        rename.await.unwrap().unwrap();
+        fs.release(fh).await.unwrap();
+        let stored = cold(dir.path(), &name);
+        assert!(
+            stored.as_deref() == Some(&body[..]),
+            "round {i}: {name} is not whole in the store ({:?} bytes of {})",
+            stored.map(|b| b.len()),
+            body.len()
+        );
+        assert!(cold(dir.path(), &tmp).is_none(), "round {i}: {tmp} is still in the store");
+    }
+}
+
+/// fsync fails while the file stays open, and the process dies before its close: a restart
+/// must not upload what the writer was told had failed.
+#[tokio::test]
+async fn a_failed_fsync_is_recorded_before_the_file_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = setup(dir.path());
+    let d = fs.lookup(ROOT, "d").await.unwrap();
+    let (_, fh) = fs.create(d.ino, "ckpt").await.unwrap();
+    fs.write(fh, 0, b"told it failed").await.unwrap();
+    // A file where the object's directory goes refuses the object, even to root.
+    let (real, away) = (dir.path().join("cold/d"), dir.path().join("cold/d.away"));
+    std::fs::rename(&real, &away).unwrap();
+    std::fs::write(&real, b"not a directory").unwrap();
+    assert!(matches!(fs.flush(fh).await, Err(FsError::Publish { .. })));
+    std::fs::remove_file(&real).unwrap();
+    std::fs::rename(&away, &real).unwrap();
+    // The crash: the handle is never released. A restart finds the staging dir as it is now.
+    let report = fs.recover_staged(true).await;
+    assert!(cold(dir.path(), "d/ckpt").is_none(), "a restart uploaded it");
+    assert_eq!(report.len(), 1, "{report:?}");
+    assert!(report[0].contains("d/ckpt") && report[0].contains("writer was told"), "{report:?}");
+}
+
+/// A file unlinked while open for writing (a temporary file): writes and reads through the
+/// open handle go on, and its close succeeds, uploads nothing and leaves nothing staged.
+#[tokio::test]
+async fn a_file_unlinked_while_open_for_writing_closes_cleanly_and_uploads_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = setup(dir.path());
+    let (_, fh) = fs.create(ROOT, "scratch").await.unwrap();
+    fs.write(fh, 0, b"scratch").await.unwrap();
+    fs.unlink(ROOT, "scratch").await.unwrap();
+    fs.write(fh, 7, b" and more").await.unwrap();
+    assert_eq!(fs.read(fh, 0, 100).await.unwrap(), &b"scratch and more"[..]);
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert!(cold(dir.path(), "scratch").is_none());
+    assert!(matches!(fs.lookup(ROOT, "scratch").await, Err(FsError::NotFound)));
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("staging")).unwrap().collect();
+    assert!(left.is_empty(), "left in staging: {left:?}");
+    assert!(fs.recover_staged(true).await.is_empty());
+}
