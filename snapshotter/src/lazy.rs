@@ -198,9 +198,29 @@ impl Lazy {
         self.opts.activity.touch();
         let target = labels.get(TARGET_LABEL).cloned().unwrap_or_default();
         {
-            let (inner, t) = (inner.clone(), target.clone());
-            if blocking(move || inner.stat(&t)).await.is_ok() {
-                return Ok(Prepared::Remote { target, how: "existing" });
+            let (i, t) = (inner.clone(), target.clone());
+            if let Ok(existing) = blocking(move || i.stat(&t)).await {
+                if existing.parent.as_deref() == parent {
+                    return Ok(Prepared::Remote { target, how: "existing" });
+                }
+                // containerd finds the target by its label and by this parent; one committed
+                // on another chain of snapshots (the layer below was unpacked by containerd in
+                // one namespace and mounted here in another) would not be found, and the pull
+                // would fail at every retry. containerd unpacks this layer itself instead.
+                tracing::warn!(
+                    key,
+                    target = %target,
+                    has = existing.parent.as_deref().unwrap_or(""),
+                    asked = parent.unwrap_or(""),
+                    "layer not lazy: its target exists on another parent snapshot"
+                );
+                let why = format!(
+                    "its target exists on parent {:?}, and containerd asked for parent {:?}",
+                    existing.parent.as_deref().unwrap_or(""),
+                    parent.unwrap_or("")
+                );
+                self.refuse(&target, "", "", why);
+                return Ok(Prepared::Local(self.prepare_plain(inner, key, parent, &labels).await?));
             }
         }
         // The layers under this one, where a program started from it has its libraries found.
@@ -810,6 +830,46 @@ mod tests {
         let s = with(&[(TOC_OFFSET_LABEL, "-1"), (PREFETCH_END_LABEL, "0")]);
         assert_eq!((s.toc_offset, s.prefetch_end), (None, None), "a hint that cannot be one is none");
         assert_eq!(with(&[]).toc_offset, None);
+    }
+
+    /// containerd takes AlreadyExists only if it then finds the target on the parent it asked
+    /// for. A target committed on another chain (the layer below unpacked by containerd in
+    /// one namespace, mounted lazily in another) gets an ordinary snapshot to fill instead.
+    #[tokio::test]
+    async fn an_existing_target_on_another_parent_is_left_to_containerd() {
+        use crate::model::Kind;
+        use crate::registry::hosts::Hosts;
+        let dir = tempfile::tempdir().unwrap();
+        let inner = Arc::new(Snapshotter::open(&dir.path().join("snapshots")).unwrap());
+        let none = BTreeMap::new;
+        for (key, name) in [("unpacked", "default/7/sha256:below"), ("lazy", "sha256:below")] {
+            inner.prepare(key, None, none()).unwrap();
+            inner.commit(name, key, none()).unwrap();
+        }
+        inner.prepare("upper", Some("default/7/sha256:below"), none()).unwrap();
+        inner.commit("sha256:above", "upper", none()).unwrap();
+        let cache = strata_tiering::TieredCache::open(strata_tiering::CacheConfig {
+            hot: strata_tiering::TierConfig::new(dir.path().join("hot"), 64 << 20),
+            warm: None,
+            state_dir: dir.path().join("state"),
+            policy: strata_tiering::Policy::default(),
+        })
+        .unwrap();
+        let registry = Arc::new(Registry::new(Hosts::new(None), Default::default()));
+        let lazy = Lazy::new(registry, cache, RemoteOptions::default());
+        let target = labels(&[(TARGET_LABEL, "sha256:above")]);
+        let not_lazy = || Err("not eStargz".to_string());
+
+        let same = lazy.prepare(&inner, "k1", Some("default/7/sha256:below"), target.clone(), not_lazy()).await;
+        assert!(matches!(same, Ok(Prepared::Remote { how: "existing", .. })), "{same:?}");
+        assert!(inner.stat("k1").is_err(), "no snapshot is made for an existing target");
+
+        let other = lazy.prepare(&inner, "k2", Some("sha256:below"), target, not_lazy()).await;
+        assert!(matches!(other, Ok(Prepared::Local(_))), "{other:?}");
+        let made = inner.stat("k2").unwrap();
+        assert_eq!((made.kind, made.parent.as_deref()), (Kind::Active, Some("sha256:below")));
+        let report = lazy.refused.lock().unwrap().back().cloned().unwrap();
+        assert!(format!("{report:?}").contains("sha256:below"), "{report:?}");
     }
 
     #[test]

@@ -330,8 +330,16 @@ impl Snapshotter {
                 continue;
             }
             let path = entry.path();
-            std::fs::remove_dir_all(&path).map_err(SnapshotError::io("cannot remove", &path))?;
-            removed += 1;
+            // One directory that will not go (a mount still on it, say) must not keep every
+            // other leftover, nor fail every later Cleanup: it is logged, and tried again next
+            // time. One already gone (a Remove that ran meanwhile) is no failure.
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cleanup could not remove a leftover directory")
+                }
+            }
         }
         Ok(removed)
     }

@@ -49,11 +49,20 @@ impl SnapshotService {
         result
     }
 
+    /// As [`SnapshotService::finish`] for a step before a call's last: counted only when it
+    /// ends the call (with an error), so that each call counts once.
+    fn finish_step<T>(&self, method: &'static str, result: Result<T, SnapshotError>) -> Result<T, Status> {
+        match result {
+            Ok(v) => Ok(v),
+            Err(e) => self.finish(method, Err(e)),
+        }
+    }
+
     /// Before containerd mounts an overlay over `key`'s layers, each remote one must be
     /// mounted (again, after a restart). Returns the chain's snapshot ids, from `key` down.
     async fn ensure_chain(&self, method: &'static str, key: &str) -> Result<Vec<u64>, Status> {
         match &self.lazy {
-            Some(lazy) => self.finish(method, lazy.ensure_chain(&self.inner, key).await),
+            Some(lazy) => self.finish_step(method, lazy.ensure_chain(&self.inner, key).await),
             None => Ok(Vec::new()),
         }
     }
@@ -70,9 +79,32 @@ impl SnapshotService {
         key: &str,
         op: impl FnOnce(&Snapshotter) -> Result<T, SnapshotError> + Send + 'static,
     ) -> Result<T, Status> {
+        let result = self.run(method, key, op).await?;
+        self.finish(method, result)
+    }
+
+    /// As [`SnapshotService::call`] for a step before the call's last (see
+    /// [`SnapshotService::finish_step`]).
+    async fn step<T: Send + 'static>(
+        &self,
+        method: &'static str,
+        key: &str,
+        op: impl FnOnce(&Snapshotter) -> Result<T, SnapshotError> + Send + 'static,
+    ) -> Result<T, Status> {
+        let result = self.run(method, key, op).await?;
+        self.finish_step(method, result)
+    }
+
+    /// Runs `op` off the async threads, in a span of the call.
+    async fn run<T: Send + 'static>(
+        &self,
+        method: &'static str,
+        key: &str,
+        op: impl FnOnce(&Snapshotter) -> Result<T, SnapshotError> + Send + 'static,
+    ) -> Result<Result<T, SnapshotError>, Status> {
         let span = tracing::debug_span!("snapshots", method, key);
         let inner = self.inner.clone();
-        let result = async move {
+        async move {
             match tokio::task::spawn_blocking(move || op(&inner)).await {
                 Ok(r) => Ok(r),
                 Err(join) => {
@@ -82,8 +114,7 @@ impl SnapshotService {
             }
         }
         .instrument(span)
-        .await?;
-        self.finish(method, result)
+        .await
     }
 }
 
@@ -222,8 +253,13 @@ impl proto::snapshots_server::Snapshots for SnapshotService {
     ) -> Result<Response<proto::ViewSnapshotResponse>, Status> {
         let r = req.into_inner();
         let key = r.key.clone();
-        let ms =
-            self.call("view", &key, move |s| s.view(&r.key, parent(r.parent).as_deref(), labels(r.labels))).await?;
+        let parent_key = parent(r.parent);
+        if let Some(p) = &parent_key {
+            // As for Prepare: a view over a remote layer not mounted (again, after a restart)
+            // would show its empty directory, where the layer's files should be.
+            self.ensure_chain("view", p).await?;
+        }
+        let ms = self.call("view", &key, move |s| s.view(&r.key, parent_key.as_deref(), labels(r.labels))).await?;
         Ok(Response::new(proto::ViewSnapshotResponse { mounts: mounts(ms) }))
     }
 
@@ -246,7 +282,7 @@ impl proto::snapshots_server::Snapshots for SnapshotService {
         if let Some(lazy) = &self.lazy {
             // A mounted layer's directory cannot go until its mount has.
             let k = key.clone();
-            let id = self.call("remove", &key, move |s| s.removable(&k)).await?;
+            let id = self.step("remove", &key, move |s| s.removable(&k)).await?;
             lazy.unmount(id).await;
         }
         self.call("remove", &key.clone(), move |s| s.remove(&key)).await?;
