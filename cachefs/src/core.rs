@@ -1036,9 +1036,8 @@ impl FsCore {
             return Err(FsError::NotDir);
         }
         let to = join(&dst_dir.path, new_name);
-        if let Ok(existing) = self.lookup(new_parent, new_name).await
-            && existing.kind == NodeKind::Dir
-        {
+        let replaced = self.lookup(new_parent, new_name).await.ok();
+        if replaced.as_ref().is_some_and(|e| e.kind == NodeKind::Dir) {
             return Err(FsError::IsDir);
         }
         let writer = self.writers.lock().unwrap_or_else(|p| p.into_inner()).get(&src.ino).cloned();
@@ -1081,6 +1080,8 @@ impl FsCore {
                     *version = n.version.clone();
                 }
                 drop(published);
+                // A file not yet uploaded that had the name (one still being written) is gone.
+                self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&to);
                 n.name = new_name.to_string();
                 rekey = Some(n.clone());
                 n
@@ -1097,6 +1098,15 @@ impl FsCore {
             t.by_ino.insert(src.ino, Inode { path: to.clone(), node });
         }
         drop(staged);
+        // A file the rename replaced that is still open for writing is now nameless, as after
+        // an unlink: its writer's close must not upload over the file renamed into its place.
+        if let Some(old) = replaced.filter(|r| r.ino != src.ino) {
+            let displaced = self.writers.lock().unwrap_or_else(|p| p.into_inner()).remove(&old.ino);
+            if let Some(w) = displaced {
+                w.lock().await.discard();
+            }
+            self.published.lock().unwrap_or_else(|p| p.into_inner()).remove(&old.ino);
+        }
         let to_path = to;
         self.forget_listing(parent);
         self.forget_listing(new_parent);

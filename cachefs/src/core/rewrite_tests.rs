@@ -136,3 +136,27 @@ async fn a_file_unlinked_while_open_for_writing_closes_cleanly_and_uploads_nothi
     assert!(left.is_empty(), "left in staging: {left:?}");
     assert!(fs.recover_staged(true).await.is_empty());
 }
+
+/// A file renamed over one that another handle is still writing: that writer's close must not
+/// upload over the file now under the name.
+#[tokio::test]
+async fn a_rename_over_a_file_still_being_written_keeps_the_renamed_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = setup(dir.path());
+    let (_, writing) = fs.create(ROOT, "model.pt").await.unwrap();
+    fs.write(writing, 0, b"a half-written older save").await.unwrap();
+    let (_, fh) = fs.create(ROOT, "model.pt.tmp").await.unwrap();
+    fs.write(fh, 0, b"the finished save").await.unwrap();
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+    fs.rename(ROOT, "model.pt.tmp", ROOT, "model.pt").await.unwrap();
+    fs.write(writing, 25, b", and more").await.unwrap();
+    fs.flush(writing).await.unwrap();
+    fs.release(writing).await.unwrap();
+    assert_eq!(cold(dir.path(), "model.pt").unwrap(), b"the finished save");
+    let a = fs.lookup(ROOT, "model.pt").await.unwrap();
+    let reader = fs.open(a.ino, false, false).unwrap();
+    assert_eq!(fs.read(reader, 0, 100).await.unwrap(), &b"the finished save"[..]);
+    fs.release(reader).await.unwrap();
+    assert!(std::fs::read_dir(dir.path().join("staging")).unwrap().next().is_none(), "nothing left staged");
+}
