@@ -172,21 +172,33 @@ impl Snapshotter {
         if name.is_empty() {
             return Err(SnapshotError::InvalidArgument("a snapshot name must not be empty".into()));
         }
-        let mut store = self.lock();
-        let record = store.get(key).ok_or_else(|| SnapshotError::NotFound(key.to_owned()))?.clone();
-        if record.kind != Kind::Active {
-            return Err(SnapshotError::NotActive { key: key.to_owned(), kind: record.kind.as_str() });
-        }
-        if store.get(name).is_some() {
-            return Err(SnapshotError::AlreadyExists(name.to_owned()));
-        }
+        let check = |store: &MetaStore| -> Result<Record, SnapshotError> {
+            let record = store.get(key).ok_or_else(|| SnapshotError::NotFound(key.to_owned()))?.clone();
+            if record.kind != Kind::Active {
+                return Err(SnapshotError::NotActive { key: key.to_owned(), kind: record.kind.as_str() });
+            }
+            if store.get(name).is_some() {
+                return Err(SnapshotError::AlreadyExists(name.to_owned()));
+            }
+            Ok(record)
+        };
+        let id = check(&self.lock())?.id;
+        // Measured without the store's lock, which every other call takes: walking a large
+        // layer unpacked here takes seconds, and the other layers of a pull would wait on it.
         // A remote layer's files live in the registry: walking its mount would only count what
         // the TOC says, at the cost of a stat per file.
         let usage = if labels.contains_key(crate::lazy::REMOTE_LABEL) {
             Usage::default()
         } else {
-            disk_usage(&self.fs_dir(record.id))?
+            disk_usage(&self.fs_dir(id))?
         };
+        let mut store = self.lock();
+        let record = check(&store)?;
+        if record.id != id {
+            // Removed and prepared again under the same key meanwhile: this commit was of the
+            // snapshot that went.
+            return Err(SnapshotError::NotFound(key.to_owned()));
+        }
         let t = now();
         store.update(|m| {
             m.remove(key);
