@@ -116,10 +116,12 @@ pub struct MountArgs {
     policy_interval: Dur,
 }
 
-fn load_policy(path: Option<&std::path::Path>) -> anyhow::Result<Policy> {
+fn load_policy(path: Option<&std::path::Path>, warm: bool) -> anyhow::Result<Policy> {
     let Some(path) = path else { return Ok(Policy::default()) };
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read policy file {}", path.display()))?;
-    Policy::from_toml(&text).map_err(|e| anyhow::anyhow!("policy file {}: {}: {}", path.display(), e.key, e.message))
+    Policy::from_toml(&text)
+        .and_then(|p| p.check_tiers(warm).map(|()| p))
+        .map_err(|e| anyhow::anyhow!("policy file {}: {}: {}", path.display(), e.key, e.message))
 }
 
 fn cold_config(a: &MountArgs) -> anyhow::Result<ColdConfig> {
@@ -159,7 +161,7 @@ pub async fn run(a: MountArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
     if a.policy_interval.0.is_zero() {
         bail!("--policy-interval must be above 0s");
     }
-    let policy = load_policy(a.policy.as_deref())?;
+    let policy = load_policy(a.policy.as_deref(), a.warm_capacity.0 > 0)?;
     let cold = cold_config(&a)?;
     let source = ObjectSource::new(&cold, &a.state_dir.join("cold"))?;
     let cache_config = CacheConfig {

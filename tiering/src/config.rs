@@ -468,12 +468,12 @@ impl Config {
     /// Reads the policy file; a missing file means the default policy.
     pub fn load_policy(&self) -> Result<Policy, ConfigError> {
         let path = self.policy_file();
+        let [_, (wn, ws, wc)] = self.tier_specs();
+        let warm = self.tier_config(ws, wn, wc).is_some();
         match std::fs::read_to_string(&path) {
-            Ok(text) => Policy::from_toml(&text).map_err(|e| ConfigError {
-                origin: path.display().to_string(),
-                key: e.key,
-                message: e.message,
-            }),
+            Ok(text) => Policy::from_toml(&text)
+                .and_then(|p| p.check_tiers(warm).map(|()| p))
+                .map_err(|e| ConfigError { origin: path.display().to_string(), key: e.key, message: e.message }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.policy.file.is_none() => Ok(Policy::default()),
             Err(e) => Err(ConfigError {
                 origin: path.display().to_string(),

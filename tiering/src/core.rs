@@ -133,7 +133,7 @@ impl Core {
     }
 
     /// Removes an entry and unlinks its file; the caller holds the lock.
-    fn drop_locked(&self, ix: &mut Index, id: &KeyId, reason: &'static str) -> Option<Entry> {
+    pub(crate) fn drop_locked(&self, ix: &mut Index, id: &KeyId, reason: &'static str) -> Option<Entry> {
         let e = ix.remove(id)?;
         if let Ok(t) = self.tier(e.tier) {
             let path = t.entry_path(id, &e.key);
@@ -466,6 +466,10 @@ impl Core {
     /// Stores into the preferred tier, falling back to the other one when it is full or failing
     /// (e.g. ENOSPC). Returns where the chunk landed, or the last error.
     pub fn store_anywhere(&self, key: &ChunkKey, data: &[u8], prefer: TierKind) -> Result<TierKind, CacheError> {
+        // Whoever stores (a warm-up, a mount keeping what it wrote) obeys the policy as reads do.
+        if self.resolve(&key.path).no_cache {
+            return Err(CacheError::NoCache(key.path.clone()));
+        }
         let order = match prefer {
             TierKind::Hot => [TierKind::Hot, TierKind::Warm],
             TierKind::Warm => [TierKind::Warm, TierKind::Hot],

@@ -18,6 +18,8 @@ pub enum CacheError {
     PinTooLarge { pattern: String, tier: TierKind, needed: u64, limit: u64 },
     #[error("the {0} tier is not configured")]
     NoSuchTier(TierKind),
+    #[error("`{0}` is not cached: a policy rule says no_cache")]
+    NoCache(String),
     #[error("{what} {path}: {source}")]
     Io { what: &'static str, path: std::path::PathBuf, source: std::io::Error },
     #[error("state file {path} is invalid: {message}")]

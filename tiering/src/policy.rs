@@ -141,6 +141,20 @@ impl Policy {
         Ok(())
     }
 
+    /// Checks the rules against the tiers there are: a pin to a warm tier that is not
+    /// configured would be accepted and then not kept (its chunks evicted from hot).
+    pub fn check_tiers(&self, warm: bool) -> Result<(), PolicyError> {
+        for (i, r) in self.rules.iter().enumerate() {
+            if r.pin == Some(TierKind::Warm) && !warm {
+                return Err(PolicyError {
+                    key: format!("rule[{i}].pin"),
+                    message: "the warm tier is not configured: pin to hot, or configure a warm tier".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
     pub fn resolve(&self, path: &str) -> Resolved {
         let rule = self.rules.iter().find(|r| r.matcher.as_ref().is_some_and(|m| m.matches(path)));
         Resolved {
@@ -196,6 +210,17 @@ mod tests {
         let again = Policy::from_toml(&p.to_toml()).unwrap();
         assert_eq!(again.rules.len(), 3);
         assert_eq!(again.eviction, Eviction::Lfu);
+    }
+
+    #[test]
+    fn a_pin_to_a_warm_tier_that_is_not_there_is_refused() {
+        let p =
+            Policy::from_toml("[[rule]]\nprefix = \"a/\"\npin = \"hot\"\n[[rule]]\nprefix = \"b/\"\npin = \"warm\"\n")
+                .unwrap();
+        assert!(p.check_tiers(true).is_ok());
+        let e = p.check_tiers(false).unwrap_err();
+        assert_eq!(e.key, "rule[1].pin");
+        assert!(e.message.contains("warm tier is not configured"), "{e}");
     }
 
     #[test]

@@ -143,6 +143,11 @@ impl Tier {
         if key.is_whole() { p.with_extension(WHOLE_EXT) } else { p }
     }
 
+    /// A number no other temp file of this tier in this process has.
+    pub(crate) fn next_tmp(&self) -> u64 {
+        self.tmp_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
     /// Writes a chunk to a temp file beside its final name, creating the fan-out directory on
     /// first use. [`Tier::commit`] renames it into place.
     pub fn write_tmp(&self, id: &KeyId, key: &crate::ChunkKey, data: &[u8]) -> io::Result<(PathBuf, u64)> {

@@ -38,7 +38,8 @@ impl Core {
             }
             Err(err) => {
                 debug!(file = %key, error = %err, "whole-file copy vanished");
-                self.evict(&id, "lost");
+                // With the index lock still held: `evict` would take it again, and hang.
+                self.drop_locked(&mut ix, &id, "lost");
                 None
             }
         }
@@ -65,6 +66,9 @@ impl Core {
         if self.contains(&id) {
             return Ok(Some(()));
         }
+        if self.resolve(&key.path).no_cache {
+            return Ok(None);
+        }
         let all_hot = {
             let ix = self.lock();
             chunks.iter().all(|c| ix.entries.get(&c.id()).is_some_and(|e| e.tier == TierKind::Hot))
@@ -75,7 +79,9 @@ impl Core {
         let tier = self.tier(TierKind::Hot)?;
         let reservation = self.reserve(TierKind::Hot, size)?;
         let dest = tier.entry_path(&id, key);
-        let tmp = dest.with_extension(format!("tmp.{}.whole", std::process::id()));
+        // Unique per attempt: two mounts sharing this cache may assemble one copy at once, and
+        // must not write into each other's file.
+        let tmp = dest.with_extension(format!("tmp.{}.{}.whole", std::process::id(), tier.next_tmp()));
         let io = |e| CacheError::io("assembling a whole-file copy in", tier.root(), e);
         let written = (|| -> Result<Option<u64>, std::io::Error> {
             let mut out = std::io::BufWriter::with_capacity(1 << 20, in_fan_out(&tmp, || File::create(&tmp))?);
@@ -129,6 +135,9 @@ impl Core {
         let crate::key::Identity::File { size, .. } = key.identity else { return Ok(false) };
         if self.contains(&key.id()) {
             return Ok(true);
+        }
+        if self.resolve(&key.path).no_cache {
+            return Ok(false);
         }
         let io = |e| CacheError::io("adopting a whole-file copy from", from, e);
         let file = File::open(from).map_err(io)?;

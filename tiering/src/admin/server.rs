@@ -54,7 +54,7 @@ fn bad(msg: impl Into<String>) -> Failure {
 impl From<CacheError> for Failure {
     fn from(e: CacheError) -> Self {
         let code = match e {
-            CacheError::PinTooLarge { .. } | CacheError::NoSuchTier(_) => StatusCode::CONFLICT,
+            CacheError::PinTooLarge { .. } | CacheError::NoSuchTier(_) | CacheError::NoCache(_) => StatusCode::CONFLICT,
             CacheError::TierFull { .. } => StatusCode::INSUFFICIENT_STORAGE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
@@ -106,7 +106,10 @@ async fn policy_show(State(s): State<AdminState>) -> Json<PolicyView> {
 
 #[instrument(name = "admin", skip_all, fields(op = "policy_set"))]
 async fn policy_set(State(s): State<AdminState>, body: String) -> Reply<PolicyView> {
-    let policy = Policy::from_toml(&body).map_err(|e| bad(format!("policy rejected, nothing changed: {e}")))?;
+    let warm = s.cache.status().tier(crate::tier::TierKind::Warm).is_some();
+    let policy = Policy::from_toml(&body)
+        .and_then(|p| p.check_tiers(warm).map(|()| p))
+        .map_err(|e| bad(format!("policy rejected, nothing changed: {e}")))?;
     // Persist first: a policy that cannot be saved would silently revert at the next restart.
     let tmp = s.policy_file.with_extension("toml.tmp");
     let write = std::fs::write(&tmp, body.as_bytes()).and_then(|_| std::fs::rename(&tmp, &s.policy_file));

@@ -306,6 +306,16 @@ async fn rules_apply_no_cache_and_ttl() {
     let f = fetcher(CHUNK);
     c.get(&key("scratch/a", 0), f.clone(), W).await.unwrap();
     assert_eq!(c.location(&key("scratch/a", 0)), None);
+    // Nor by a store of its own (a warm-up, a mount keeping what it wrote), nor as a copy.
+    let stored = c.put(key("scratch/b", 0), bytes_for(&key("scratch/b", 0), CHUNK), TierKind::Hot).await;
+    assert!(
+        matches!(&stored, Err(CacheError::NoCache(p)) if p == "scratch/b"),
+        "a no_cache path was stored: {stored:?}"
+    );
+    assert_eq!(c.location(&key("scratch/b", 0)), None);
+    let whole = ChunkKey::whole("scratch/b", "v1", CHUNK as u64);
+    assert!(!c.build_whole(whole.clone(), vec![key("scratch/b", 0)]).await.unwrap());
+    assert!(c.open_whole(&whole).is_none());
     c.get(&key("short/a", 0), f.clone(), W).await.unwrap();
     tokio::time::sleep(Duration::from_millis(5)).await;
     c.apply_policy().await.unwrap();
@@ -441,6 +451,30 @@ async fn whole_file_copies_are_built_from_hot_chunks_only_and_survive_a_restart_
     let c = open(dir.path(), 1 << 20, Some(1 << 20), Policy::default());
     assert!(c.open_whole(&whole).is_none());
     assert!(walk(&dir.path().join("hot")).iter().all(|p| p.extension().is_none_or(|e| e != "file" && e != "filekey")));
+}
+
+/// A copy whose file went from under the cache (removed by hand, say) is dropped from the index
+/// at its next open, and the cache goes on: a later read, and the accounting, are right.
+#[tokio::test]
+async fn a_whole_file_copy_gone_from_disk_is_dropped_at_its_next_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path(), 1 << 20, None, Policy::default());
+    let f = fetcher(CHUNK);
+    let chunks: Vec<ChunkKey> = (0..2).map(|i| key("gone", i)).collect();
+    for k in &chunks {
+        c.get(k, f.clone(), W).await.unwrap();
+    }
+    let whole = ChunkKey::whole("gone", "v1", 2 * CHUNK as u64);
+    assert!(c.build_whole(whole.clone(), chunks.clone()).await.unwrap());
+    let copy = walk(&dir.path().join("hot")).into_iter().find(|p| p.extension().is_some_and(|e| e == "file")).unwrap();
+    std::fs::remove_file(&copy).unwrap();
+    // On a thread of its own, so that a hang fails the test instead of stopping it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (c2, w2) = (c.clone(), whole.clone());
+    std::thread::spawn(move || tx.send(c2.open_whole(&w2).is_none()).unwrap());
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(true), "the open of a vanished copy hung or found it");
+    assert_eq!(c.get(&chunks[1], f.clone(), W).await.unwrap(), bytes_for(&chunks[1], CHUNK));
+    assert_eq!(c.status().tier(TierKind::Hot).unwrap().used, chunks.iter().map(disk).sum::<u64>());
 }
 
 #[tokio::test]
