@@ -84,6 +84,62 @@ fn fuse_root_rgw_changed_objects_revalidate_by_etag_and_never_mix() {
     assert!(std::fs::metadata(m.path("sub")).unwrap().is_dir());
 }
 
+/// An object replaced by another of the same size. The kernel keeps an inode's cached pages
+/// through a revalidation that leaves the size alone, so a new open must start without the old
+/// version's pages, and read around the page cache while a handle of the old version still
+/// reads through it; that handle reads on at its own version.
+#[test]
+#[ignore = "needs root, /dev/fuse and Ceph RGW: run by .ci/run"]
+fn fuse_root_rgw_a_same_size_replacement_is_never_read_from_the_old_pages() {
+    let rgw = Rgw::from_env();
+    let store = rgw.store();
+    let prefix = unique_prefix("samesize");
+    let (v1, v2) = (data(41, 3 << 20), data(42, 3 << 20));
+    put(&store, &format!("{prefix}f.bin"), &v1);
+    let m = Mount::start(
+        &source(&rgw, &prefix),
+        &[
+            "--endpoint",
+            &rgw.endpoint,
+            "--region",
+            "us-east-1",
+            "--chunk-size",
+            "1MiB",
+            "--metadata-ttl",
+            "1s",
+            "--no-passthrough",
+        ],
+    );
+    let path = m.path("f.bin");
+    let mut old = std::fs::File::open(&path).unwrap();
+    let mut head = vec![0u8; 1 << 20];
+    old.read_exact(&mut head).unwrap();
+    assert!(head == v1[..1 << 20]);
+    // All of v1 in the page cache, through a second open of the same version.
+    assert!(std::fs::read(&path).unwrap() == v1);
+
+    put(&store, &format!("{prefix}f.bin"), &v2);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), v2.len() as u64);
+    let got = std::fs::read(&path).unwrap();
+    assert!(got == v2, "a new open read {} bytes of the old version from the page cache", diff(&got, &v2));
+
+    old.seek(SeekFrom::Start(1 << 20)).unwrap();
+    let mut mid = vec![0u8; 1 << 20];
+    match old.read_exact(&mut mid) {
+        Ok(()) => assert!(mid == v1[1 << 20..2 << 20], "the open handle read bytes of the new version"),
+        Err(e) => assert_eq!(e.raw_os_error(), Some(5), "expected EIO, got {e}"),
+    }
+    drop(old);
+    let again = std::fs::read(&path).unwrap();
+    assert!(again == v2, "an open after the old handle closed read {} bytes of the old version", diff(&again, &v2));
+}
+
+/// How many bytes of `got` differ from `want`.
+fn diff(got: &[u8], want: &[u8]) -> usize {
+    got.iter().zip(want).filter(|(a, b)| a != b).count() + got.len().abs_diff(want.len())
+}
+
 /// A file of one chunk is fetched with a plain GET, without a `Range` (cheaper for the store).
 /// Replaced by another version of the same size under an open handle, it must still give the
 /// old bytes or EIO, never the new ones: the GET carries the opened version's ETag as `If-Match`
@@ -175,6 +231,17 @@ fn fuse_root_rgw_namespace_snapshot_is_shared_across_mounts() {
     let fourth = start("1h");
     assert_eq!(tree_of(&fourth.mnt), ["a/b/y.bin", "a/late.bin", "a/x.bin", "z.bin"]);
     assert!(fourth.log().contains("namespace snapshot unreadable"), "{}", fourth.log());
+    drop(fourth);
+
+    // Another prefix of the same bucket, with the same snapshot dir: a snapshot of its own,
+    // never the first prefix's tree.
+    let other = format!("{}other/", prefix);
+    put(&store, &format!("{other}val.bin"), b"val");
+    let a = args("1h");
+    let fifth = Mount::start(&source(&rgw, &other), &a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(tree_of(&fifth.mnt), ["val.bin"], "a mount of another prefix was given this one's snapshot");
+    assert!(fifth.log().contains("namespace snapshot taken"), "{}", fifth.log());
+    assert_eq!(std::fs::read(fifth.path("val.bin")).unwrap(), b"val");
 }
 
 /// The blocks, available blocks and block size of the file system holding `path`, as `stat -f`

@@ -6,7 +6,7 @@ use crate::core::{Attr, FsCore, FsError, ROOT};
 use crate::implicit::Implicit;
 use crate::namespace::NodeKind;
 use crate::openers::Openers;
-use crate::passthrough::{IoModes, Mode};
+use crate::passthrough::{IoModes, Mode, PageCache};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
     OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
@@ -189,7 +189,7 @@ impl Filesystem for StrataFs {
             self.openers.opened(fh, req.pid());
         }
         let version = if write { None } else { self.core.read_only_version(fh) };
-        let (mode, backing) = self.modes.open(ino.0, fh, version.as_deref(), || {
+        let (mode, backing, pages) = self.modes.open(ino.0, fh, version.as_deref(), || {
             let file = self.passthrough.then(|| self.core.whole_file(fh)).flatten()?;
             reply
                 .open_backing(&file)
@@ -205,8 +205,12 @@ impl Filesystem for StrataFs {
         match (mode, backing) {
             (Mode::Passthrough, Some(id)) => reply.opened_passthrough(FileHandle(fh), noflush, &id),
             (Mode::Direct, _) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO | noflush),
-            // Dataset files do not change under an open handle, so the page cache may keep them.
-            _ if !write => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE | noflush),
+            // Dataset files do not change under an open handle, so the page cache may keep them,
+            // as long as they are of this open's version.
+            _ if !write && pages == PageCache::Keep => {
+                reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE | noflush)
+            }
+            _ if !write => reply.opened(FileHandle(fh), noflush),
             _ => reply.opened(FileHandle(fh), FopenFlags::empty()),
         }
     }

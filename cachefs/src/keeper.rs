@@ -99,8 +99,11 @@ impl Keeper {
 
     /// After a rename of a published file, moves its cached chunks to the keys of the new
     /// name, so a checkpoint written to a temp name and renamed stays hot under its real name.
+    /// Only when the copy is known to be of the version cached: one whose store answered with
+    /// another version may be of an object another client wrote meanwhile, even of the same
+    /// size, and the cached bytes would then be served as its content.
     pub async fn rekey_cached(&self, from: &str, old: &Node, to: &str, new: &Node) {
-        if old.size != new.size || new.version.is_empty() {
+        if old.size != new.size || new.version.is_empty() || new.version != old.version {
             return;
         }
         // After any caching of the closed file's bytes under the old name has finished.

@@ -4,6 +4,12 @@
 //! file (passthrough), an open that uses the page cache fails with ETXTBSY, and the reverse. Only
 //! direct-I/O opens may mix with passthrough ones. All passthrough opens of an inode must also
 //! share one backing id. This module keeps that bookkeeping, per inode and per handle.
+//!
+//! It also keeps the page cache to one version of each file. An inode keeps its number when
+//! its object is replaced, and the kernel drops an inode's cached pages on its own only when
+//! the size changes. So an open of another version than the pages hold starts without them
+//! (no `FOPEN_KEEP_CACHE`), and, while handles of the older version are still open and reading
+//! through the page cache, reads around it (direct I/O) instead of filling it.
 
 use fuser::BackingId;
 use std::collections::HashMap;
@@ -37,9 +43,21 @@ struct InodeIo {
     cached: usize,
 }
 
+/// What a new open is told about the inode's page cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageCache {
+    /// The pages the kernel holds are of this open's version: keep them.
+    Keep,
+    /// Drop them at this open: they are of another version, or of a writer.
+    Drop,
+}
+
 #[derive(Debug, Default)]
 struct Tables {
     inodes: HashMap<u64, InodeIo>,
+    /// The version whose bytes each inode's page cache may hold (a hash of it, to keep the
+    /// table small for datasets of millions of files); `None` after a writer's open.
+    pages: HashMap<u64, Option<u64>>,
     /// Each open handle's inode and mode.
     handles: HashMap<u64, (u64, Mode)>,
 }
@@ -59,9 +77,16 @@ impl IoModes {
         fh: u64,
         version: Option<&str>,
         backing: impl FnOnce() -> Option<BackingId>,
-    ) -> (Mode, Option<Arc<BackingId>>) {
+    ) -> (Mode, Option<Arc<BackingId>>, PageCache) {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let wanted = version.map(version_hash);
+        let held = g.pages.get(&ino).copied().flatten();
         let io = g.inodes.entry(ino).or_default();
+        if io.backing.is_none() && io.cached > 0 && wanted.is_some() && held != wanted {
+            // Handles of another version read through the page cache: this one goes around it.
+            g.handles.insert(fh, (ino, Mode::Direct));
+            return (Mode::Direct, None, PageCache::Keep);
+        }
         let out = match (&mut io.backing, version) {
             (Some((id, v, n)), Some(version)) if version == v => {
                 *n += 1;
@@ -86,7 +111,14 @@ impl IoModes {
             }
         };
         g.handles.insert(fh, (ino, out.0));
-        out
+        let pages = if out.0 == Mode::Cached {
+            let keep = wanted.is_some() && held == wanted;
+            g.pages.insert(ino, wanted);
+            if keep { PageCache::Keep } else { PageCache::Drop }
+        } else {
+            PageCache::Keep
+        };
+        (out.0, out.1, pages)
     }
 
     /// Records a close; the backing id is released with the inode's last passthrough open.
@@ -111,4 +143,11 @@ impl IoModes {
         }
         Some(mode)
     }
+}
+
+fn version_hash(version: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    version.hash(&mut h);
+    h.finish()
 }

@@ -326,7 +326,10 @@ impl ObjectSource {
                 parts = Some(Arc::new(copier));
                 s3_client = Some(s3.clone());
                 let at = c.endpoint.clone().unwrap_or_else(|| "AWS S3".into());
-                (s3, format!("s3://{bucket} at {at}"))
+                // The prefix too: a mount's namespace snapshot is keyed by this, and two
+                // prefixes of one bucket must not share one.
+                let under = if prefix.is_empty() { String::new() } else { format!("/{prefix}") };
+                (s3, format!("s3://{bucket}{under} at {at}"))
             }
         };
         let local_root = match c.kind {
@@ -353,7 +356,8 @@ impl ObjectSource {
         self.requests.clone()
     }
 
-    /// Where the bytes come from, for messages: `s3://bucket at http://host:port`.
+    /// Where the bytes come from, for messages and as the key of a mount's namespace
+    /// snapshot: `s3://bucket/prefix at http://host:port`.
     pub fn describe(&self) -> &str {
         &self.describe
     }

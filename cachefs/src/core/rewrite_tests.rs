@@ -160,3 +160,27 @@ async fn a_rename_over_a_file_still_being_written_keeps_the_renamed_file() {
     fs.release(reader).await.unwrap();
     assert!(std::fs::read_dir(dir.path().join("staging")).unwrap().next().is_none(), "nothing left staged");
 }
+
+/// Another client replaces an object (same size) while this mount still has the old version
+/// cached, and this mount then renames it: the new name holds the new bytes, not the cached old
+/// ones moved over to it.
+#[tokio::test]
+async fn a_rename_never_moves_cached_bytes_onto_a_version_it_did_not_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = setup(dir.path());
+    std::fs::write(dir.path().join("cold/shard"), b"old content, v1").unwrap();
+    let a = fs.lookup(ROOT, "shard").await.unwrap();
+    let fh = fs.open(a.ino, false, false).unwrap();
+    assert_eq!(fs.read(fh, 0, 100).await.unwrap(), &b"old content, v1"[..]);
+    fs.release(fh).await.unwrap();
+    // Another writer, the same size; this mount's listing still says v1.
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(dir.path().join("cold/shard"), b"new content, v2").unwrap();
+    fs.rename(ROOT, "shard", ROOT, "moved").await.unwrap();
+    // The chunks are moved in the background; give that its time.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b = fs.lookup(ROOT, "moved").await.unwrap();
+    let fh = fs.open(b.ino, false, false).unwrap();
+    assert_eq!(fs.read(fh, 0, 100).await.unwrap(), &b"new content, v2"[..], "the cached old bytes were moved over");
+    fs.release(fh).await.unwrap();
+}
