@@ -118,19 +118,16 @@ async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
         config.snapshotter.socket = s;
     }
     let agent = Agent::start(config).await.context("cannot start the strata daemon")?;
-    // One signal stops every server; each waits on its own clone.
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
+    let stop = strata_tiering::services::Stop::default();
+    let stopped = || stop.stopped();
     let snapshots = snapshotter_cmd::start(&agent, stopped()).await?;
     let mounts = mount_cmd::mount_declared(&agent).await;
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        let _ = stop_tx.send(true);
+    tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            shutdown_signal().await;
+            stop.stop();
+        }
     });
     let extra = snapshots.as_ref().map(|s| s.routes()).unwrap_or_default();
     let served = agent.run_with(stopped(), extra).await;

@@ -190,13 +190,8 @@ pub async fn run(a: MountArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
         snapshot_dir: a.snapshot.then(|| a.snapshot_dir.clone().unwrap_or_else(|| a.state_dir.join("snapshots"))),
         snapshot_max_age: a.snapshot_max_age.0,
     };
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
+    let stop = services::Stop::default();
+    let stopped = || stop.stopped();
     // Bound before mounting, so that a taken port fails the start with nothing mounted.
     let metrics = match a.metrics_listen {
         Some(listen) => {
@@ -208,14 +203,14 @@ pub async fn run(a: MountArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
     let mounted = match mount_dataset(&spec, source, cache.clone()).await {
         Ok(m) => m,
         Err(e) => {
-            let _ = stop_tx.send(true);
+            stop.stop();
             return Err(anyhow::Error::new(e).context(format!("cannot mount {}", a.source)));
         }
     };
     let policy_task = services::spawn_policy(cache.clone(), a.policy_interval.0, stopped());
     eprintln!("mounted {} at {}", a.source, a.mountpoint.display());
     shutdown.await;
-    let _ = stop_tx.send(true);
+    stop.stop();
     tokio::task::spawn_blocking(move || mounted.unmount()).await?.context("unmounting")?;
     let _ = policy_task.await;
     if let Some(task) = metrics {

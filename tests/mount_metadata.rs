@@ -22,16 +22,11 @@ fn source(rgw: &Rgw, prefix: &str) -> String {
     format!("s3://{}/{}", rgw.bucket, prefix.trim_end_matches('/'))
 }
 
-#[test]
-#[ignore = "needs root, /dev/fuse and Ceph RGW: run by .ci/run"]
-fn fuse_root_rgw_changed_objects_revalidate_by_etag_and_never_mix() {
-    let rgw = Rgw::from_env();
-    let store = rgw.store();
-    let prefix = unique_prefix("revalidate");
-    let (v1, v2) = (data(31, 3 << 20), data(32, 4 << 20));
-    put(&store, &format!("{prefix}f.bin"), &v1);
-    let m = Mount::start(
-        &source(&rgw, &prefix),
+/// A mount of `prefix` that trusts metadata for `ttl` (and missing names for 1s), in 1 MiB
+/// chunks, read through the daemon: what the revalidation tests watch.
+fn revalidating(rgw: &Rgw, prefix: &str, ttl: &str) -> Mount {
+    Mount::start(
+        &source(rgw, prefix),
         &[
             "--endpoint",
             &rgw.endpoint,
@@ -40,12 +35,23 @@ fn fuse_root_rgw_changed_objects_revalidate_by_etag_and_never_mix() {
             "--chunk-size",
             "1MiB",
             "--metadata-ttl",
-            "2s",
+            ttl,
             "--negative-ttl",
             "1s",
             "--no-passthrough",
         ],
-    );
+    )
+}
+
+#[test]
+#[ignore = "needs root, /dev/fuse and Ceph RGW: run by .ci/run"]
+fn fuse_root_rgw_changed_objects_revalidate_by_etag_and_never_mix() {
+    let rgw = Rgw::from_env();
+    let store = rgw.store();
+    let prefix = unique_prefix("revalidate");
+    let (v1, v2) = (data(31, 3 << 20), data(32, 4 << 20));
+    put(&store, &format!("{prefix}f.bin"), &v1);
+    let m = revalidating(&rgw, &prefix, "2s");
 
     // A reader holds the file open at v1 while the object is replaced by v2.
     let mut f = std::fs::File::open(m.path("f.bin")).unwrap();
@@ -96,20 +102,7 @@ fn fuse_root_rgw_a_same_size_replacement_is_never_read_from_the_old_pages() {
     let prefix = unique_prefix("samesize");
     let (v1, v2) = (data(41, 3 << 20), data(42, 3 << 20));
     put(&store, &format!("{prefix}f.bin"), &v1);
-    let m = Mount::start(
-        &source(&rgw, &prefix),
-        &[
-            "--endpoint",
-            &rgw.endpoint,
-            "--region",
-            "us-east-1",
-            "--chunk-size",
-            "1MiB",
-            "--metadata-ttl",
-            "1s",
-            "--no-passthrough",
-        ],
-    );
+    let m = revalidating(&rgw, &prefix, "1s");
     let path = m.path("f.bin");
     let mut old = std::fs::File::open(&path).unwrap();
     let mut head = vec![0u8; 1 << 20];

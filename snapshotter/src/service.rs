@@ -83,18 +83,6 @@ impl SnapshotService {
         self.finish(method, result)
     }
 
-    /// As [`SnapshotService::call`] for a step before the call's last (see
-    /// [`SnapshotService::finish_step`]).
-    async fn step<T: Send + 'static>(
-        &self,
-        method: &'static str,
-        key: &str,
-        op: impl FnOnce(&Snapshotter) -> Result<T, SnapshotError> + Send + 'static,
-    ) -> Result<T, Status> {
-        let result = self.run(method, key, op).await?;
-        self.finish_step(method, result)
-    }
-
     /// Runs `op` off the async threads, in a span of the call.
     async fn run<T: Send + 'static>(
         &self,
@@ -282,7 +270,7 @@ impl proto::snapshots_server::Snapshots for SnapshotService {
         if let Some(lazy) = &self.lazy {
             // A mounted layer's directory cannot go until its mount has.
             let k = key.clone();
-            let id = self.step("remove", &key, move |s| s.removable(&k)).await?;
+            let id = self.finish_step("remove", self.run("remove", &key, move |s| s.removable(&k)).await?)?;
             lazy.unmount(id).await;
         }
         self.call("remove", &key.clone(), move |s| s.remove(&key)).await?;

@@ -65,13 +65,8 @@ impl Agent {
     ) -> Result<(), AgentError> {
         let socket = self.config.admin.socket.clone();
         let listener = bind_socket(&socket).await?;
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let stopped = || {
-            let mut rx = stop_rx.clone();
-            async move {
-                let _ = rx.wait_for(|s| *s).await;
-            }
-        };
+        let stop = services::Stop::default();
+        let stopped = || stop.stopped();
         let metrics_task = if self.config.metrics.listen.is_empty() {
             None
         } else {
@@ -86,7 +81,7 @@ impl Agent {
         let admin = tokio::spawn(async move { admin.await });
         shutdown.await;
         info!("shutting down");
-        let _ = stop_tx.send(true);
+        stop.stop();
         let _ = admin.await;
         let _ = policy_task.await;
         if let Some(t) = metrics_task {

@@ -11,6 +11,35 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+/// One signal that stops every server of a process; each waits on a future of its own.
+#[derive(Debug, Clone)]
+pub struct Stop {
+    tx: Arc<tokio::sync::watch::Sender<bool>>,
+    // Kept so that a send always has a receiver, whoever has started waiting yet.
+    rx: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Default for Stop {
+    fn default() -> Self {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        Stop { tx: Arc::new(tx), rx }
+    }
+}
+
+impl Stop {
+    pub fn stop(&self) {
+        let _ = self.tx.send(true);
+    }
+
+    /// Completes once [`Stop::stop`] has been called, before or after this.
+    pub fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    }
+}
+
 /// Every metric of a cache and the store behind it.
 pub fn registry(cache: &TieredCache, source: &ObjectSource) -> Registry {
     let mut registry = Registry::default();
