@@ -825,6 +825,58 @@ fn fuse_root_failed_upload_is_an_error_from_fsync_and_close() {
     m.stop();
 }
 
+/// The pages of `path` in the page cache: (cached, dirty or under writeback). Linux's
+/// `cachestat` (6.5 and later), which neither libc's nor nix's wrappers offer yet; the one
+/// `unsafe` is the raw syscall, with both structs laid out as the kernel's UAPI has them.
+#[allow(unsafe_code)]
+fn page_cache_state(path: &Path) -> (u64, u64) {
+    use std::os::fd::AsRawFd;
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        cache: u64,
+        dirty: u64,
+        writeback: u64,
+        evicted: u64,
+        recently_evicted: u64,
+    }
+    const SYS_CACHESTAT: libc::c_long = 451;
+    let f = std::fs::File::open(path).unwrap();
+    let (range, mut st) = (Range { off: 0, len: 0 }, Stat::default());
+    let rc = unsafe { libc::syscall(SYS_CACHESTAT, f.as_raw_fd(), &range, &mut st, 0) };
+    assert_eq!(rc, 0, "cachestat: {}", std::io::Error::last_os_error());
+    (st.cache, st.dirty + st.writeback)
+}
+
+/// Over a local directory, the embedded default store, fsync returns once the object is on
+/// disk, not in the page cache: no page of it is left dirty, whether it went up in one write or
+/// in parts.
+#[test]
+#[ignore = "needs root, /dev/fuse and Linux 6.5 or later: run by .ci/run"]
+fn fuse_root_fsync_over_a_local_store_leaves_the_object_on_disk() {
+    use std::io::Write;
+    let src = tempfile::tempdir().unwrap();
+    let mut m = Mount::start(src.path().to_str().unwrap(), &["--part-size", "8MiB"]);
+    for (name, len) in [("small.pt", 300 << 10), ("large.pt", 20 << 20)] {
+        let body = data(len as u64, len);
+        let mut f = std::fs::File::create(m.path(name)).unwrap();
+        f.write_all(&body).unwrap();
+        f.sync_all().unwrap();
+        let object = src.path().join(name);
+        assert_eq!(std::fs::read(&object).unwrap().len(), len, "{name} is whole in the store");
+        let (cached, unwritten) = page_cache_state(&object);
+        assert!(cached > 0, "{name}: the check must see the object's pages to mean anything");
+        assert_eq!(unwritten, 0, "{name}: {unwritten} of its {cached} cached pages were not yet on disk");
+        drop(f);
+    }
+    m.stop();
+}
+
 /// A process forked while a checkpoint is being written closes its copy of the descriptor at
 /// its exec or its exit, and the kernel sends each close as a flush. Those flushes must not
 /// publish the half-written file: only the writer's own close does.

@@ -283,9 +283,15 @@ fn rgw_a_file_too_large_for_the_part_limit_goes_up_in_larger_parts() {
     assert!(noted.is_some_and(|id| !id.is_empty()), "the caller gets the upload's ID, to abort it after a crash");
     assert_eq!(info.size, body.len() as u64);
     assert!(info.version.trim_matches('"').ends_with("-3"), "three parts, not eight: {}", info.version);
+    // RGW's answers to the upload and to a HEAD agree, to the ETag's quotes and the second.
+    assert_eq!(info, rt().block_on(source.head("ckpt")).unwrap(), "what the upload reported is the object");
     let loc = object_store::path::Path::from(format!("{prefix}ckpt"));
     let got = rt().block_on(async { rgw.store().get(&loc).await.unwrap().bytes().await.unwrap() });
     assert_eq!(sha(&got), sha(&body));
+    // A single PUT too.
+    std::fs::write(&file, &body[..1 << 20]).unwrap();
+    let small = rt().block_on(source.upload_file("ckpt", &file, 5 << 20, 4, |_| {})).unwrap();
+    assert_eq!(small, rt().block_on(source.head("ckpt")).unwrap(), "what the PUT reported is the object");
     let _ = rt().block_on(rgw.store().delete(&loc));
 }
 

@@ -232,10 +232,14 @@ impl ObjectSource {
                 std::fs::create_dir_all(&dir)
                     .map_err(|e| cfg_err("path", format!("cannot create {}: {e}", dir.display())))?;
                 // Directories go with their last file, as prefixes do on S3: an emptied directory
-                // would otherwise still be listed after its files were removed or renamed.
+                // would otherwise still be listed after its files were removed or renamed. An
+                // object is synced to disk, with its directory, before its write returns: a
+                // mount's fsync answers once the object is durable, and over this store that
+                // means on disk, not in the page cache.
                 let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
                     .map_err(|e| cfg_err("path", e.to_string()))?
-                    .with_automatic_cleanup(true);
+                    .with_automatic_cleanup(true)
+                    .with_fsync(true);
                 (Arc::new(fs), format!("local dir {}", dir.display()))
             }
             ColdKind::S3 => {
@@ -546,8 +550,7 @@ impl ObjectSource {
     /// upload above it with `parallel` parts in flight, in parts of `part_size` or, for a file
     /// too large for that many parts, of its size over the part limit. Either way the object
     /// appears only once it is complete, and a failed multipart upload is aborted. Returns the
-    /// new object's info (read back with HEAD, because some stores answer a completed multipart
-    /// upload with an empty ETag). `on_start` gets the ID of a multipart upload before its first
+    /// new object's info, as [`ObjectSource::written`] tells it. `on_start` gets the ID of a multipart upload before its first
     /// part goes, so that the caller can keep it and abort the upload after a crash.
     pub async fn upload_file(
         &self,
@@ -566,7 +569,8 @@ impl ObjectSource {
         if len <= part_size as u64 {
             let mut buf = Vec::with_capacity(len as usize);
             f.read_to_end(&mut buf).await.map_err(io_err)?;
-            self.bounded("PUT", path, self.store.put(&loc, Bytes::from(buf).into())).await?;
+            let put = self.bounded("PUT", path, self.store.put(&loc, Bytes::from(buf).into())).await?;
+            self.written(path, len, put.e_tag).await
         } else {
             let mut upload = self.begin_upload(path).await?;
             if let Some(id) = upload.id() {
@@ -586,9 +590,35 @@ impl ObjectSource {
                 upload.put_part(Bytes::from(buf));
                 left -= n as u64;
             }
-            return upload.complete().await;
+            upload.complete().await
         }
-        self.head(path).await
+    }
+
+    /// What the object this client just wrote at `path` (`len` bytes, answered with `e_tag`)
+    /// is. A `HEAD` gives its time, and its ETag where the write's answer had none (some stores
+    /// answer a completed multipart upload so). But another client may replace or delete the
+    /// object between the write and the `HEAD`: the `HEAD` then describes bytes this client
+    /// never had, and whoever caches the written bytes under its version would serve them as
+    /// that other object. So where the answers disagree, the write's own ETag wins.
+    pub(crate) async fn written(&self, path: &str, len: u64, e_tag: Option<String>) -> Result<ObjectInfo, SourceError> {
+        let ours = e_tag.filter(|t| !t.is_empty());
+        let now = |version: String| ObjectInfo {
+            path: path.to_string(),
+            size: len,
+            version,
+            modified: std::time::SystemTime::now(),
+        };
+        match (self.head(path).await, ours) {
+            (Ok(head), Some(ours)) if head.version != ours => {
+                tracing::debug!(path, %ours, now = %head.version, "the object was replaced right after this write");
+                Ok(now(ours))
+            }
+            (Err(e), Some(ours)) if e.is_not_found() => {
+                tracing::debug!(path, %ours, "the object was deleted right after this write");
+                Ok(now(ours))
+            }
+            (head, _) => head,
+        }
     }
 
     pub async fn delete(&self, path: &str) -> Result<(), SourceError> {
@@ -731,3 +761,6 @@ async fn read_full(f: &mut tokio::fs::File, buf: &mut [u8]) -> std::io::Result<u
     }
     Ok(n)
 }
+
+#[cfg(test)]
+mod written_tests;

@@ -31,6 +31,8 @@ pub struct PartUpload {
     parts: Vec<JoinHandle<Result<Sent, SourceError>>>,
     /// What the store answered for each part sent, for S3's completion.
     done: Vec<Option<PartId>>,
+    /// Bytes sent in parts so far: the object's size once complete.
+    sent: u64,
 }
 
 impl std::fmt::Debug for PartUpload {
@@ -59,6 +61,7 @@ impl ObjectSource {
             upload: Some(upload),
             parts: Vec::new(),
             done: Vec::new(),
+            sent: 0,
         })
     }
 
@@ -87,6 +90,7 @@ impl PartUpload {
     pub fn put_part(&mut self, data: Bytes) {
         let index = self.done.len();
         self.done.push(None);
+        self.sent += data.len() as u64;
         let (source, path) = (self.source.clone(), self.path.clone());
         let task = match self.upload.as_mut().expect("parts are only sent before complete or abort") {
             Upload::S3 { s3, id } => {
@@ -120,9 +124,8 @@ impl PartUpload {
         Ok(())
     }
 
-    /// Waits for every part, then makes the object visible. Returns its info, read back with
-    /// HEAD, because some stores answer a completed multipart upload with an empty ETag. On any
-    /// failure the upload is aborted.
+    /// Waits for every part, then makes the object visible. Returns its info, as
+    /// [`ObjectSource::written`] tells it. On any failure the upload is aborted.
     pub async fn complete(mut self) -> Result<ObjectInfo, SourceError> {
         let mut failed = None;
         for p in std::mem::take(&mut self.parts) {
@@ -149,12 +152,15 @@ impl PartUpload {
                 self.source.bounded("CompleteMultipartUpload", &self.path, u.complete()).await
             }
         };
-        if let Err(e) = done {
-            self.abort().await;
-            return Err(e);
-        }
+        let done = match done {
+            Ok(done) => done,
+            Err(e) => {
+                self.abort().await;
+                return Err(e);
+            }
+        };
         self.upload = None;
-        self.source.head(&self.path).await
+        self.source.written(&self.path, self.sent, done.e_tag).await
     }
 
     /// Gives the upload up: the store drops the parts sent so far.
