@@ -88,6 +88,29 @@ fn pin_that_does_not_fit_is_refused_clearly() {
     assert_eq!(tier(&d.status(), "warm")["chunks"], 6, "a refused pin must not evict anything");
 }
 
+/// A pin is on disk when `strata tier pin` returns: its state file is replaced whole and
+/// synced, so a power cut right after cannot leave an empty file that the next start would
+/// set aside, losing every pin.
+#[test]
+fn a_pin_is_on_disk_when_the_command_returns() {
+    let (d, cold) = local_daemon();
+    std::fs::create_dir_all(cold.join("ckpt")).unwrap();
+    std::fs::write(cold.join("ckpt/a.bin"), data(4, 100_000)).unwrap();
+    d.tier_ok(&["pin", "ckpt/"]);
+    let state = d.state().join("state/state");
+    let pins = state.join("pins.json");
+    assert!(std::fs::read_to_string(&pins).unwrap().contains("ckpt/"));
+    let (cached, unwritten) = page_cache_state(&pins);
+    assert!(cached > 0, "the check must see the file's pages to mean anything");
+    assert_eq!(unwritten, 0, "pins.json was not yet on disk");
+    let leftovers: Vec<_> = std::fs::read_dir(&state)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
 #[test]
 fn daemon_not_running_names_the_socket() {
     let out = Command::new(BIN).args(["tier", "--socket", "/nonexistent/strata.sock", "status"]).output().unwrap();

@@ -4,6 +4,8 @@
 
 mod dir_rename;
 #[cfg(test)]
+mod race_tests;
+#[cfg(test)]
 mod rewrite_tests;
 
 use crate::namespace::{Namespace, Node, NodeKind, NsError};
@@ -12,7 +14,7 @@ use crate::staging::{self, Staged};
 use crate::streaming::StreamError;
 use crate::window::{ChunkFuture, Window};
 use bytes::{Bytes, BytesMut};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 use strata_tiering::{CacheError, Fetcher, TieredCache};
@@ -82,6 +84,10 @@ struct Inodes {
     /// The inode of each hard-link group: every name of one file has its inode.
     by_link: HashMap<u64, u64>,
     next: u64,
+    /// Changes this mount made to the tree, counted as they are made: a listing or a lookup
+    /// that asked the store while one was made may describe the tree from before it, and must
+    /// neither undo it nor be cached.
+    changes: u64,
 }
 
 impl Inodes {
@@ -106,7 +112,24 @@ impl Inodes {
         }
         ino
     }
+
+    /// The inode of `path` for an answer the store gave while this mount was changing the
+    /// tree (`current` false), or about a file being written here: the inode's own node is
+    /// newer than the answer, and stays; only a path not known here is assigned the answer.
+    fn assign_answer(&mut self, path: &str, node: &Node, current: bool, writing: &HashSet<u64>) -> (u64, Node) {
+        match self.by_path.get(path).copied() {
+            Some(ino) if !current || writing.contains(&ino) => match self.by_ino.get(&ino) {
+                Some(i) => (ino, Node { name: node.name.clone(), ..i.node.clone() }),
+                None => (self.assign(path, node.clone()), node.clone()),
+            },
+            _ => (self.assign(path, node.clone()), node.clone()),
+        }
+    }
 }
+
+/// How many times a listing or lookup asks the store again after this mount changed the tree
+/// during its request, before it answers without caching.
+const RACED_TRIES: u32 = 3;
 
 /// A listing and when it was taken.
 #[derive(Debug)]
@@ -385,45 +408,74 @@ impl FsCore {
     }
 
     /// The entries of a directory, listed at most once per TTL. Inode numbers are stable for a
-    /// path for the life of the mount; a new listing refreshes the nodes (sizes, ETags).
+    /// path for the life of the mount; a new listing refreshes the nodes (sizes, ETags), except
+    /// those this mount changed while the listing was on its way.
     async fn listing(&self, ino: u64) -> Result<Arc<Vec<(u64, Node)>>, FsError> {
-        if let Some(entries) = self.fresh_listing(ino) {
-            return Ok(entries);
-        }
-        let dir = self.inode(ino)?;
-        if dir.node.kind != NodeKind::Dir {
-            return Err(FsError::NotDir);
-        }
-        let mut nodes = self.ns.read_dir(&dir.path).await.map_err(|source| FsError::List {
-            dir: if dir.path.is_empty() { "/".into() } else { dir.path.clone() },
-            source,
-        })?;
-        {
-            // Files being written and new directories exist here before the store has them.
-            let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-            for (path, node) in pending.iter() {
-                let parent = path.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
-                if parent == dir.path && !nodes.iter().any(|n| n.name == node.name) {
-                    nodes.push(node.clone());
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            if let Some(entries) = self.fresh_listing(ino) {
+                return Ok(entries);
+            }
+            let dir = self.inode(ino)?;
+            if dir.node.kind != NodeKind::Dir {
+                return Err(FsError::NotDir);
+            }
+            let seen = self.changes();
+            let mut nodes = self.ns.read_dir(&dir.path).await.map_err(|source| FsError::List {
+                dir: if dir.path.is_empty() { "/".into() } else { dir.path.clone() },
+                source,
+            })?;
+            {
+                // Files being written and new directories exist here before the store has them.
+                let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                for (path, node) in pending.iter() {
+                    let parent = path.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
+                    if parent == dir.path && !nodes.iter().any(|n| n.name == node.name) {
+                        nodes.push(node.clone());
+                    }
                 }
             }
-        }
-        let entries: Vec<(u64, Node)> = {
+            let writing = self.writing();
+            // Under the inodes' lock, which every change of the tree here takes to count
+            // itself: a change counted after this check comes after this listing, and
+            // forgets it.
             let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
-            nodes
-                .into_iter()
-                .map(|node| {
-                    let ino = t.assign(&join(&dir.path, &node.name), node.clone());
-                    (ino, node)
-                })
-                .collect()
-        };
-        let entries = Arc::new(entries);
-        self.listings
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(ino, Listing { at: Instant::now(), entries: entries.clone() });
-        Ok(entries)
+            let current = t.changes == seen;
+            if !current && tries < RACED_TRIES {
+                continue;
+            }
+            let entries: Vec<(u64, Node)> = nodes
+                .iter()
+                .map(|node| t.assign_answer(&join(&dir.path, &node.name), node, current, &writing))
+                .collect();
+            let entries = Arc::new(entries);
+            if current {
+                self.listings
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(ino, Listing { at: Instant::now(), entries: entries.clone() });
+            }
+            return Ok(entries);
+        }
+    }
+
+    /// How many changes this mount has made to the tree.
+    fn changes(&self) -> u64 {
+        self.inodes.read().unwrap_or_else(|p| p.into_inner()).changes
+    }
+
+    /// The inodes table, to change the tree: the change is counted.
+    fn changing(&self) -> std::sync::RwLockWriteGuard<'_, Inodes> {
+        let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        t.changes += 1;
+        t
+    }
+
+    /// The inodes of files being written here, whose nodes this mount knows better than the
+    /// store.
+    fn writing(&self) -> HashSet<u64> {
+        self.writers.lock().unwrap_or_else(|p| p.into_inner()).keys().copied().collect()
     }
 
     /// The entries of a directory if a listing younger than the TTL has them.
@@ -457,20 +509,31 @@ impl FsCore {
     /// Looks a name up: in a fresh listing of its directory; else in the entry and negative
     /// caches; else by asking the namespace about that one name (a HEAD), which also
     /// revalidates a known file: a new ETag gives the inode the new version, so later opens
-    /// never mix its bytes with the old one's.
+    /// never mix its bytes with the old one's. An answer that came while this mount changed the
+    /// tree is asked for again, and is never cached over the change.
     pub async fn lookup(&self, parent: u64, name: &str) -> Result<Attr, FsError> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            if let Some(answer) = self.lookup_once(parent, name, tries >= RACED_TRIES).await? {
+                return Ok(answer);
+            }
+        }
+    }
+
+    /// One try of [`FsCore::lookup`]: `None` when the tree changed here while the store was
+    /// asked, unless this is the `last` try.
+    async fn lookup_once(&self, parent: u64, name: &str, last: bool) -> Result<Option<Attr>, FsError> {
         if let Some(entries) = self.fresh_listing(parent) {
-            return entries
-                .iter()
-                .find(|(_, n)| n.name == name)
-                .map(|(ino, n)| Self::attr(*ino, n))
-                .ok_or(FsError::NotFound);
+            let (ino, listed) = entries.iter().find(|(_, n)| n.name == name).ok_or(FsError::NotFound)?;
+            // The inode's node: it follows this mount's writes, the listing's does not.
+            return Ok(Some(self.inode(*ino).map(|i| Self::attr(*ino, &i.node)).unwrap_or(Self::attr(*ino, listed))));
         }
         let key = (parent, name.to_string());
         if let Some(ino) = self.entries.get(&key)
             && let Ok(i) = self.inode(ino)
         {
-            return Ok(Self::attr(ino, &i.node));
+            return Ok(Some(Self::attr(ino, &i.node)));
         }
         if self.negative.contains_key(&key) {
             return Err(FsError::NotFound);
@@ -480,17 +543,31 @@ impl FsCore {
             return Err(FsError::NotDir);
         }
         let path = join(&dir.path, name);
+        let seen = self.changes();
         let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner()).get(&path).cloned();
         let found = match pending {
             Some(node) => Some(node),
             None => self.ns.stat(&path).await.map_err(|source| FsError::List { dir: path.clone(), source })?,
         };
+        let writing = self.writing();
+        // As in `listing`: checked, and cached, under the lock every change here counts under.
+        let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        let current = t.changes == seen;
+        if !current && !last {
+            return Ok(None);
+        }
         match found {
             Some(node) => {
-                let ino = self.ino_for(&path, node.clone());
-                self.entries.insert(key, ino);
-                Ok(Self::attr(ino, &node))
+                let (ino, node) = t.assign_answer(&path, &node, current, &writing);
+                if current {
+                    self.entries.insert(key, ino);
+                }
+                Ok(Some(Self::attr(ino, &node)))
             }
+            None if !current => match t.by_path.get(&path).and_then(|ino| t.by_ino.get(ino).map(|i| (*ino, i))) {
+                Some((ino, i)) => Ok(Some(Self::attr(ino, &i.node))),
+                None => Err(FsError::NotFound),
+            },
             None => {
                 self.negative.insert(key, ());
                 Err(FsError::NotFound)
@@ -635,7 +712,7 @@ impl FsCore {
     }
 
     fn set_node(&self, ino: u64, path: &str, node: Node) {
-        let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        let mut t = self.changing();
         t.by_path.insert(path.to_string(), ino);
         t.by_ino.insert(ino, Inode { path: path.to_string(), node });
     }
@@ -668,7 +745,7 @@ impl FsCore {
             mtime: SystemTime::now(),
             posix: None,
         };
-        let ino = self.ino_for(&path, node.clone());
+        let ino = self.changing().assign(&path, node.clone());
         let staged = self.start_staging(ino, &path)?;
         self.forget_listing(parent);
         self.forget_name(parent, name);
@@ -840,7 +917,7 @@ impl FsCore {
                     Ok(Some(node)) => self.set_node(h.ino, &path, node),
                     // Gone from the store too (or not known now): the next lookup asks again.
                     _ => {
-                        self.inodes.write().unwrap_or_else(|p| p.into_inner()).by_path.remove(&path);
+                        self.changing().by_path.remove(&path);
                     }
                 }
                 tracing::warn!(path = %path, error = %why, "not uploaded: a write to it failed; its staged bytes are dropped");
@@ -968,7 +1045,7 @@ impl FsCore {
             })?;
         }
         self.published.lock().unwrap_or_else(|p| p.into_inner()).remove(&attr.ino);
-        let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        let mut t = self.changing();
         t.by_path.remove(&path);
         t.by_ino.remove(&attr.ino);
         drop(t);
@@ -996,7 +1073,7 @@ impl FsCore {
         };
         // S3 has no directories: this one lives here until files are written under it.
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(path.clone(), node.clone());
-        let ino = self.ino_for(&path, node.clone());
+        let ino = self.changing().assign(&path, node.clone());
         self.forget_listing(parent);
         self.forget_name(parent, name);
         Ok(Self::attr(ino, &node))
@@ -1013,7 +1090,7 @@ impl FsCore {
         }
         let path = self.inode(attr.ino)?.path;
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&path);
-        let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        let mut t = self.changing();
         t.by_path.remove(&path);
         t.by_ino.remove(&attr.ino);
         drop(t);
@@ -1088,7 +1165,7 @@ impl FsCore {
             }
         };
         {
-            let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+            let mut t = self.changing();
             t.by_path.remove(&from.path);
             if let Some(old) = t.by_path.insert(to.clone(), src.ino)
                 && old != src.ino
@@ -1284,6 +1361,18 @@ mod tests_support {
 
     /// As `setup_with_parts`, with a store that takes at most `max_parts` parts per upload.
     pub fn setup_with_part_limit(dir: &std::path::Path, part_size: usize, max_parts: u64) -> FsCore {
+        setup_wrapped(dir, part_size, max_parts, None, |ns| ns)
+    }
+
+    /// As [`setup`], with metadata trusted for `ttl` (forever for `None`) and the store's
+    /// namespace seen through `wrap`.
+    pub fn setup_wrapped(
+        dir: &std::path::Path,
+        part_size: usize,
+        max_parts: u64,
+        ttl: Option<Duration>,
+        wrap: impl FnOnce(Arc<dyn Namespace>) -> Arc<dyn Namespace>,
+    ) -> FsCore {
         let cold = dir.join("cold");
         std::fs::create_dir_all(cold.join("d/e")).unwrap();
         let big: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
@@ -1300,10 +1389,10 @@ mod tests_support {
         })
         .unwrap();
         FsCore::new(
-            Arc::new(ObjectNamespace::new(source, part_size, 2)),
+            wrap(Arc::new(ObjectNamespace::new(source, part_size, 2))),
             cache,
             FsOptions {
-                metadata_ttl: None,
+                metadata_ttl: ttl,
                 negative_ttl: Duration::from_secs(5),
                 staging_dir: Some(dir.join("staging")),
                 memory_budget: 64 << 20,

@@ -343,3 +343,31 @@ impl Drop for SmallTmpfs {
         let _ = Command::new("umount").arg(&self.0).status();
     }
 }
+
+/// The pages of `path` in the page cache: (cached, dirty or under writeback). Linux's
+/// `cachestat` (6.5 and later), which neither libc's nor nix's wrappers offer yet; the one
+/// `unsafe` is the raw syscall, with both structs laid out as the kernel's UAPI has them.
+#[allow(unsafe_code)]
+pub fn page_cache_state(path: &Path) -> (u64, u64) {
+    use std::os::fd::AsRawFd;
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        cache: u64,
+        dirty: u64,
+        writeback: u64,
+        evicted: u64,
+        recently_evicted: u64,
+    }
+    const SYS_CACHESTAT: libc::c_long = 451;
+    let f = std::fs::File::open(path).unwrap();
+    let (range, mut st) = (Range { off: 0, len: 0 }, Stat::default());
+    let rc = unsafe { libc::syscall(SYS_CACHESTAT, f.as_raw_fd(), &range, &mut st, 0) };
+    assert_eq!(rc, 0, "cachestat: {}", std::io::Error::last_os_error());
+    (st.cache, st.dirty + st.writeback)
+}

@@ -441,8 +441,10 @@ impl Core {
             self.metrics.write_errors.get_or_create(&metrics::tier(tier)).inc();
             CacheError::io("writing chunk into", t.root(), e)
         })?;
-        let pin = self.resolve(&key.path).pin;
         let mut ix = self.lock();
+        // Under the index lock, as `refresh_pins` reads pins: a pin set while this chunk was
+        // written either is seen here or is applied to the entry once it is in.
+        let pin = self.resolve(&key.path).pin;
         if let Some(old) = ix.entries.get(&id) {
             if old.tier == tier {
                 // Someone else stored the same bytes meanwhile; theirs is as good as ours.

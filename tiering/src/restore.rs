@@ -139,12 +139,24 @@ pub(crate) fn lock_state_dir(dir: &Path) -> Result<std::fs::File, CacheError> {
     }
 }
 
+/// Replaces the state file `name` in `dir` whole and durably: a crash or power cut leaves the
+/// old file or the new one, never an empty or torn one that the next start would set aside,
+/// losing every pin. The temp file is this write's own: another process on the same cache may
+/// be saving the same state.
 fn write_state(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), CacheError> {
+    use std::io::Write;
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let path = dir.join(name);
-    let tmp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&tmp, bytes)
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
+    let written = std::fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(bytes).and_then(|_| f.sync_all()))
         .and_then(|_| std::fs::rename(&tmp, &path))
-        .map_err(|e| CacheError::io("writing state file", &path, e))
+        .and_then(|_| std::fs::File::open(dir).and_then(|d| d.sync_all()));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.map_err(|e| CacheError::io("writing state file", &path, e))
 }
 
 fn read_state<T: serde::de::DeserializeOwned + Default>(dir: &Path, name: &str) -> T {

@@ -195,7 +195,7 @@ impl FsCore {
         copied: &HashMap<String, Node>,
     ) -> Vec<(String, Node, String, Node)> {
         let mut rekey = Vec::new();
-        let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        let mut t = self.changing();
         let inside: Vec<(String, u64)> =
             t.by_path.iter().filter(|(p, _)| moved(p, from, to).is_some()).map(|(p, i)| (p.clone(), *i)).collect();
         // Whatever the new names showed before (an empty directory) is replaced.

@@ -1,0 +1,216 @@
+//! Tests of a lookup or listing whose answer from the store arrives after this mount changed
+//! the tree: the answer describes the tree from before the change, and must neither undo the
+//! change nor be cached.
+
+use super::tests_support::setup_wrapped;
+use super::*;
+use crate::namespace::{Streaming, UploadNote};
+use futures::future::BoxFuture;
+use strata_tiering::ChunkKey;
+use strata_tiering::upload::PartUpload;
+use tokio::sync::oneshot;
+
+/// A request held back: `asked` fires once the store has answered it, and the answer is
+/// handed on when `go` fires.
+struct Hold {
+    path: String,
+    asked: oneshot::Sender<()>,
+    go: oneshot::Receiver<()>,
+}
+
+/// The store's namespace, with one `stat` or `read_dir` answer held back.
+struct Holding {
+    inner: Arc<dyn Namespace>,
+    hold: Mutex<Option<Hold>>,
+}
+
+impl Holding {
+    /// Holds the next request about `path`; returns (asked, go).
+    fn hold(&self, path: &str) -> (oneshot::Receiver<()>, oneshot::Sender<()>) {
+        let (asked_tx, asked) = oneshot::channel();
+        let (go, go_rx) = oneshot::channel();
+        *self.hold.lock().unwrap() = Some(Hold { path: path.to_string(), asked: asked_tx, go: go_rx });
+        (asked, go)
+    }
+
+    fn held<T: Send + 'static>(
+        &self,
+        path: &str,
+        answer: BoxFuture<'static, Result<T, NsError>>,
+    ) -> BoxFuture<'static, Result<T, NsError>> {
+        let mut slot = self.hold.lock().unwrap();
+        let Some(hold) = slot.take_if(|h| h.path == path) else { return answer };
+        Box::pin(async move {
+            let answer = answer.await;
+            let _ = hold.asked.send(());
+            let _ = hold.go.await;
+            answer
+        })
+    }
+}
+
+impl Namespace for Holding {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn read_dir(&self, dir: &str) -> BoxFuture<'static, Result<Vec<Node>, NsError>> {
+        self.held(dir, self.inner.read_dir(dir))
+    }
+    fn stat(&self, path: &str) -> BoxFuture<'static, Result<Option<Node>, NsError>> {
+        self.held(path, self.inner.stat(path))
+    }
+    fn chunk_size(&self) -> u64 {
+        self.inner.chunk_size()
+    }
+    fn chunk_key(&self, path: &str, node: &Node, index: u64) -> ChunkKey {
+        self.inner.chunk_key(path, node, index)
+    }
+    fn fetcher(&self, path: &str, node: &Node) -> Arc<dyn Fetcher> {
+        self.inner.fetcher(path, node)
+    }
+    fn publish(
+        &self,
+        path: &str,
+        staged: &std::path::Path,
+        note: UploadNote,
+    ) -> BoxFuture<'static, Result<Node, NsError>> {
+        self.inner.publish(path, staged, note)
+    }
+    fn streaming(&self) -> Option<Streaming> {
+        self.inner.streaming()
+    }
+    fn begin_upload(&self, path: &str) -> BoxFuture<'static, Result<PartUpload, NsError>> {
+        self.inner.begin_upload(path)
+    }
+    fn finish_upload(&self, upload: PartUpload) -> BoxFuture<'static, Result<Node, NsError>> {
+        self.inner.finish_upload(upload)
+    }
+    fn remove(&self, path: &str) -> BoxFuture<'static, Result<(), NsError>> {
+        self.inner.remove(path)
+    }
+    fn rename(&self, from: &str, known: &Node, to: &str) -> BoxFuture<'static, Result<Node, NsError>> {
+        self.inner.rename(from, known, to)
+    }
+    fn list_tree(&self, dir: &str) -> BoxFuture<'static, Result<Vec<(String, Node)>, NsError>> {
+        self.inner.list_tree(dir)
+    }
+    fn copy(&self, from: &str, listed: &Node, to: &str) -> BoxFuture<'static, Result<Node, NsError>> {
+        self.inner.copy(from, listed, to)
+    }
+}
+
+fn holding(dir: &std::path::Path, ttl: Option<Duration>) -> (Arc<FsCore>, Arc<Holding>) {
+    let mut holding = None;
+    let fs = setup_wrapped(dir, 8 << 20, strata_tiering::source::MAX_PARTS, ttl, |inner| {
+        let h = Arc::new(Holding { inner, hold: Mutex::new(None) });
+        holding = Some(h.clone());
+        h
+    });
+    (Arc::new(fs), holding.unwrap())
+}
+
+/// Waits for the store to have answered the held request.
+async fn answered(asked: oneshot::Receiver<()>) {
+    let waited = tokio::time::timeout(Duration::from_secs(10), asked).await;
+    assert!(waited.is_ok_and(|r| r.is_ok()), "the store was never asked");
+}
+
+async fn read_all(fs: &FsCore, ino: u64) -> Vec<u8> {
+    let fh = fs.open(ino, false, false).unwrap();
+    let got = fs.read(fh, 0, 1 << 20).await.unwrap().to_vec();
+    fs.release(fh).await.unwrap();
+    got
+}
+
+/// A file rewritten here while a revalidation's `HEAD` of it was on its way (its metadata had
+/// expired): the `HEAD`'s answer, the old object, must not become the file's node again, or
+/// reads would serve the old bytes from the cache.
+#[tokio::test]
+async fn a_head_answered_before_a_rewrite_never_brings_the_old_version_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let ttl = Duration::from_millis(100);
+    let (fs, store) = holding(dir.path(), Some(ttl));
+    let d = fs.lookup(ROOT, "d").await.unwrap().ino;
+    let e = fs.lookup(d, "e").await.unwrap().ino;
+    let small = fs.lookup(e, "small").await.unwrap().ino;
+    assert_eq!(read_all(&fs, small).await, b"hi", "the old version, now in the cache");
+
+    tokio::time::sleep(ttl * 2).await;
+    let (asked, go) = store.hold("d/e/small");
+    let revalidating = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.lookup(e, "small").await }
+    });
+    answered(asked).await;
+    let fh = fs.open(small, true, true).unwrap();
+    fs.write(fh, 0, b"rewritten").await.unwrap();
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+    go.send(()).unwrap();
+    let seen = revalidating.await.unwrap().unwrap();
+    assert_eq!((seen.ino, seen.size), (small, 9), "the lookup answers with the file as it is now");
+    assert_eq!(fs.getattr(small).unwrap().size, 9);
+    assert_eq!(read_all(&fs, small).await, b"rewritten", "the old version's cached bytes were served");
+}
+
+/// A file created here while a lookup of its name was on its way: the store's answer, no such
+/// file, is not cached over it.
+#[tokio::test]
+async fn a_miss_answered_before_a_create_is_not_cached() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fs, store) = holding(dir.path(), None);
+    let (asked, go) = store.hold("new.pt");
+    let looking = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.lookup(ROOT, "new.pt").await }
+    });
+    answered(asked).await;
+    let (a, fh) = fs.create(ROOT, "new.pt").await.unwrap();
+    fs.write(fh, 0, b"step 1").await.unwrap();
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+    go.send(()).unwrap();
+    assert_eq!(looking.await.unwrap().unwrap().ino, a.ino, "asked again once the tree changed");
+    let found = fs.lookup(ROOT, "new.pt").await.expect("the file is there, not a cached miss");
+    assert_eq!((found.ino, found.size), (a.ino, 6));
+}
+
+/// A file unlinked here while a listing of its directory was on its way: the listing that
+/// still names it is not cached, so the name does not come back.
+#[tokio::test]
+async fn a_listing_answered_before_an_unlink_does_not_bring_the_name_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fs, store) = holding(dir.path(), Some(Duration::from_secs(60)));
+    let d = fs.lookup(ROOT, "d").await.unwrap().ino;
+    let e = fs.lookup(d, "e").await.unwrap().ino;
+    let (asked, go) = store.hold("d/e");
+    let listing = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.readdir(e).await }
+    });
+    answered(asked).await;
+    fs.unlink(e, "small").await.unwrap();
+    go.send(()).unwrap();
+    let names: Vec<String> = listing.await.unwrap().unwrap().into_iter().map(|(_, _, n)| n).collect();
+    assert!(!names.contains(&"small".to_string()), "listed again once the tree changed: {names:?}");
+    assert!(matches!(fs.lookup(e, "small").await, Err(FsError::NotFound)), "the unlinked name came back");
+    let names: Vec<String> = fs.readdir(e).await.unwrap().into_iter().map(|(_, _, n)| n).collect();
+    assert!(!names.contains(&"small".to_string()), "{names:?}");
+}
+
+/// A file being written, looked up again once its entry expired: the lookup answers with the
+/// size written so far, not the size the file had when it was created.
+#[tokio::test]
+async fn a_lookup_of_a_file_being_written_keeps_what_was_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let ttl = Duration::from_millis(100);
+    let (fs, _) = holding(dir.path(), Some(ttl));
+    let (a, fh) = fs.create(ROOT, "w.pt").await.unwrap();
+    fs.write(fh, 0, b"12345").await.unwrap();
+    tokio::time::sleep(ttl * 2).await;
+    assert_eq!(fs.lookup(ROOT, "w.pt").await.unwrap().size, 5);
+    assert_eq!(fs.readdir(ROOT).await.unwrap().iter().filter(|(i, _, _)| *i == a.ino).count(), 1);
+    assert_eq!(fs.getattr(a.ino).unwrap().size, 5, "a listing took the size back");
+    fs.release(fh).await.unwrap();
+    assert_eq!(fs.lookup(ROOT, "w.pt").await.unwrap().size, 5);
+}
