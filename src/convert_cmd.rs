@@ -150,8 +150,13 @@ pub async fn run(args: ConvertArgs) -> anyhow::Result<()> {
             .collect(),
         None => Vec::new(),
     };
-    if args.chunk_size.0 == 0 {
-        anyhow::bail!("--chunk-size must be more than 0");
+    let max_chunk = strata_snapshotter::estargz::toc::MAX_CHUNK_SIZE;
+    if args.chunk_size.0 == 0 || args.chunk_size.0 > max_chunk {
+        anyhow::bail!(
+            "--chunk-size must be more than 0 and at most {} (readers refuse larger chunks), not {}",
+            ByteSize(max_chunk),
+            args.chunk_size
+        );
     }
     let work_parent = args.work_dir.unwrap_or_else(std::env::temp_dir);
     let work = tempfile::Builder::new()

@@ -273,7 +273,8 @@ impl LayerNamespace {
                 continue;
             }
             if let Some(hidden) = name.strip_prefix(WHITEOUT) {
-                if hidden.is_empty() || hidden.starts_with(WHITEOUT) {
+                // `.wh..` and `.wh...` would hide `.` and `..`, which no directory lists.
+                if matches!(hidden, "" | "." | "..") || hidden.starts_with(WHITEOUT) {
                     return Err(LayerError::Tree {
                         layer: describe,
                         path: e.path.clone(),

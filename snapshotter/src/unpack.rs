@@ -54,7 +54,9 @@ pub fn apply(tar: impl Read, root: &Path) -> Result<u64, UnpackError> {
         let kind = header.entry_type();
         let hidden = name.strip_prefix(WHITEOUT);
         let target = match hidden {
-            Some(h) if !h.is_empty() => parent_dir.join(h),
+            // `.wh..` and `.wh...` would hide `.` and `..`: the directory itself, or the one
+            // above it, outside the layer at the top.
+            Some(h) if !matches!(h, "" | "." | "..") => parent_dir.join(h),
             Some(_) => return Err(bad("a whiteout without a name")),
             None if rel.is_empty() => root.to_owned(),
             None => parent_dir.join(name),
@@ -256,6 +258,27 @@ mod tests {
             1_700_000_000,
             "directory times set last"
         );
+    }
+
+    /// `.wh..` and `.wh...` name no file: they would hide the directory itself or the one
+    /// above it, which at the top is the snapshot's own directory.
+    #[test]
+    fn a_whiteout_of_a_dot_name_is_refused() {
+        for name in [".wh...", ".wh..", "etc/.wh...", "etc/.wh.."] {
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path().join("fs");
+            std::fs::create_dir(&root).unwrap();
+            std::fs::write(dir.path().join("beside"), b"kept").unwrap();
+            let t = tar_of(&[
+                ("etc/", tar::EntryType::Directory, b"", ""),
+                ("etc/kept", tar::EntryType::Regular, b"x", ""),
+                (name, tar::EntryType::Regular, b"", ""),
+            ]);
+            let e = apply(&t[..], &root).unwrap_err().to_string();
+            assert!(e.contains("a whiteout without a name"), "{name}: {e}");
+            assert!(root.join("etc/kept").exists(), "{name} removed what it hid");
+            assert!(dir.path().join("beside").exists(), "{name} reached above the snapshot");
+        }
     }
 
     #[test]

@@ -544,6 +544,12 @@ fn set_compressed_ends(entries: &mut [Entry], toc_offset: u64, other_starts: &[u
         .collect();
     starts.sort_unstable();
     starts.dedup();
+    // What each member must yield: the furthest chunk end of the chunks inside it.
+    let mut need: HashMap<u64, u64> = HashMap::new();
+    for c in entries.iter().flat_map(|e| e.chunks.iter()) {
+        let n = need.entry(c.offset).or_default();
+        *n = (*n).max(c.inner_offset.saturating_add(c.size));
+    }
     for e in entries.iter_mut() {
         for c in &mut e.chunks {
             if c.offset >= toc_offset {
@@ -551,10 +557,29 @@ fn set_compressed_ends(entries: &mut [Entry], toc_offset: u64, other_starts: &[u
             }
             let next = starts.partition_point(|&s| s <= c.offset);
             c.compressed_end = starts.get(next).copied().unwrap_or(toc_offset);
+            // A chunk's range is fetched and held whole. Compressed, a member is never much
+            // larger than what it holds: its chunks, then the headers of the entries that
+            // follow (a run of directories and links). A range far larger is not a chunk but
+            // a way to make a reader hold gigabytes.
+            let extent = c.compressed_end - c.offset;
+            let most = need[&c.offset].saturating_mul(2).max(need[&c.offset].saturating_add(MEMBER_SLACK));
+            if extent > most {
+                return Err(entry_err(
+                    &e.path,
+                    format!(
+                        "the compressed range of its chunk at {} is {extent} bytes, more than the {most} \
+                         that its {} bytes can take",
+                        c.offset, need[&c.offset]
+                    ),
+                ));
+            }
         }
     }
     Ok(())
 }
+
+/// What a member may hold beyond its chunks, compressed: the headers of the entries after them.
+const MEMBER_SLACK: u64 = 64 << 20;
 
 #[cfg(test)]
 mod tests {
@@ -634,6 +659,24 @@ mod tests {
         assert_eq!(toc.landmark, Landmark::Prefetch { offset: 100 });
         assert_eq!(entry(&toc, "a").chunks[0].compressed_end, 100, "the prefetch region holds all of a");
         assert_eq!(entry(&toc, "b").chunks[0].compressed_end, 200);
+    }
+
+    /// A chunk of 4 bytes whose member runs on for 20 GB (the TOC, matching its digest, says
+    /// so): refused at parse, naming the file, rather than fetched and held whole at a read.
+    #[test]
+    fn a_chunk_whose_range_is_far_larger_than_it_is_refused() {
+        let d = super::super::sha256_digest(b"abcd");
+        let toc_of = |gap: u64| {
+            serde_json::to_vec(&json!({"version": 1, "entries": [
+                {"name": "a", "type": "reg", "size": 4, "offset": 10, "chunkDigest": d},
+                {"name": "b", "type": "reg", "size": 4, "offset": 10 + gap, "chunkDigest": d},
+            ]}))
+            .unwrap()
+        };
+        let e = parse_toc(&toc_of(20 << 30), (20 << 30) + 100).unwrap_err().to_string();
+        assert!(e.contains("\"a\"") && e.contains("compressed range"), "{e}");
+        // A member that also holds the headers of what follows (a run of directories) is fine.
+        assert!(parse_toc(&toc_of(1 << 20), (1 << 20) + 100).is_ok());
     }
 
     #[test]

@@ -159,11 +159,19 @@ pub fn write<R: Read + Seek, W: Write>(
                     let len = (e.size - done).min(opts.chunk_size);
                     m.cut()?;
                     let offset = m.member();
-                    let piece = &mut buf[..len as usize];
-                    tar.read_exact(piece)?;
-                    m.write_all(piece)?;
-                    whole.update(&*piece);
-                    chunks.push((offset, done, len, sha256_digest(piece)));
+                    // In pieces of the buffer: a chunk may be larger than it.
+                    let mut digest = Sha256::new();
+                    let mut left = len;
+                    while left > 0 {
+                        let n = left.min(buf.len() as u64) as usize;
+                        let piece = &mut buf[..n];
+                        tar.read_exact(piece)?;
+                        m.write_all(piece)?;
+                        whole.update(&*piece);
+                        digest.update(&*piece);
+                        left -= piece.len() as u64;
+                    }
+                    chunks.push((offset, done, len, format!("sha256:{}", hex::encode(digest.finalize()))));
                     done += len;
                     progress(len);
                 }
@@ -303,6 +311,27 @@ pub(crate) mod tests {
         let (order, _) = plan(&entries, prefetch);
         let opts = Options { format, chunk_size: chunk, level: 6, threads: 1 };
         write(&mut Cursor::new(tar), &entries, &order, Vec::new(), opts, &|_| {}).unwrap()
+    }
+
+    /// A chunk larger than the writer's 16 MiB buffer (`--chunk-size 32MiB`) is read through
+    /// it in pieces, and is one chunk with the file's bytes and its own digest.
+    #[test]
+    fn a_chunk_larger_than_the_buffer_is_written_whole() {
+        let body: Vec<u8> = (0..(18u32 << 20) / 4).flat_map(|i| i.wrapping_mul(2_654_435_761).to_le_bytes()).collect();
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(body.len() as u64);
+        h.set_mode(0o644);
+        b.append_data(&mut h, "model.bin", &body[..]).unwrap();
+        let tar = b.into_inner().unwrap();
+        let (w, blob) = convert(&tar, &[], 32 << 20);
+        let toc = decode_toc(&blob[w.toc_offset as usize..], Compression::Gzip, w.toc_offset, &w.toc_digest, 1 << 20)
+            .unwrap();
+        let e = toc.entries.iter().find(|e| e.path == "model.bin").unwrap();
+        assert_eq!(e.chunks.len(), 1);
+        let c = &e.chunks[0];
+        let bytes = decode_chunk("model.bin", c, &blob[c.offset as usize..c.compressed_end as usize]).unwrap();
+        assert!(bytes == body, "the chunk holds the file's bytes");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use crate::estargz::toc::normalise_name;
 use std::collections::BTreeMap;
-use std::io::{Read, Seek};
+use std::io::{Read, Seek, SeekFrom};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TarError {
@@ -83,22 +83,62 @@ fn numeric(value: std::io::Result<u64>, raw: &[u8]) -> Result<u64, TarError> {
     value.map_err(|e| TarError::Damaged(e.to_string()))
 }
 
-/// Every entry of the tar in `file`, in order. Stops at the end-of-archive blocks.
-pub fn index<R: Read + Seek>(file: R) -> Result<Vec<TarEntry>, TarError> {
+/// The header block at `pos`, or `None` at the end of the archive (a zero block, or the end
+/// of the file).
+fn header_at<R: Read + Seek>(file: &mut R, pos: u64) -> Result<Option<tar::Header>, TarError> {
+    let damaged = |e: std::io::Error| TarError::Damaged(format!("at offset {pos}: {e}"));
+    file.seek(SeekFrom::Start(pos)).map_err(damaged)?;
+    let mut block = [0u8; 512];
+    let mut got = 0;
+    while got < block.len() {
+        match file.read(&mut block[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => return Err(TarError::Damaged(format!("a header cut short at offset {pos}"))),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(damaged(e)),
+        }
+    }
+    if block.iter().all(|b| *b == 0) {
+        return Ok(None);
+    }
+    let header = tar::Header::from_byte_slice(&block).clone();
+    // The checksum field counts as eight spaces.
+    let sum: u32 = block[..148].iter().chain(&block[156..]).map(|b| u32::from(*b)).sum::<u32>() + 8 * 32;
+    if header.cksum().map_err(damaged)? != sum {
+        return Err(TarError::Damaged(format!("the header at offset {pos} fails its checksum")));
+    }
+    Ok(Some(header))
+}
+
+/// Every entry of the tar in `file`, in order. Stops at the end-of-archive blocks. The headers
+/// are walked here rather than by the `tar` crate, whose raw mode (which keeps each extension
+/// header's place) does not apply a PAX `size`: Go's writer puts the size of a file of 8 GiB
+/// or more only there, with 0 in the header.
+pub fn index<R: Read + Seek>(mut file: R) -> Result<Vec<TarEntry>, TarError> {
     let damaged = |e: std::io::Error| TarError::Damaged(e.to_string());
-    let mut archive = tar::Archive::new(file);
-    let mut entries = archive.entries_with_seek().map_err(damaged)?.raw(true);
     let mut out = Vec::new();
     let mut pending = Pending::default();
-    for entry in &mut entries {
-        let mut entry = entry.map_err(damaged)?;
-        let header = entry.header().clone();
-        let start = entry.raw_header_position();
-        let data = entry.raw_file_position();
-        let size = entry.size();
-        let end = data + size.div_ceil(512) * 512;
+    let mut pos = 0u64;
+    while let Some(header) = header_at(&mut file, pos)? {
+        let start = pos;
+        let data = start + 512;
         let flag = header.entry_type().as_byte();
-        let raw_name = text(&entry.path_bytes());
+        let raw_name = text(&header.path_bytes());
+        let extension = matches!(flag, b'x' | b'g' | b'L' | b'K');
+        let pax_size = pending.pax.iter().rev().find(|(k, _)| k == "size").map(|(_, v)| v.clone());
+        let size = match pax_size.filter(|_| !extension) {
+            Some(v) => std::str::from_utf8(&v).ok().and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| {
+                TarError::Entry { name: raw_name.clone(), reason: "a PAX size record that is not a number".into() }
+            })?,
+            None => header.entry_size().map_err(damaged)?,
+        };
+        let end = size
+            .checked_add(511)
+            .map(|s| s & !511)
+            .and_then(|s| data.checked_add(s))
+            .ok_or_else(|| TarError::Entry { name: raw_name.clone(), reason: format!("a size of {size} bytes") })?;
+        pos = end;
         let mut payload = || -> Result<Vec<u8>, TarError> {
             if size > 1 << 20 {
                 return Err(TarError::Entry {
@@ -107,7 +147,11 @@ pub fn index<R: Read + Seek>(file: R) -> Result<Vec<TarEntry>, TarError> {
                 });
             }
             let mut v = Vec::with_capacity(size as usize);
-            entry.read_to_end(&mut v).map_err(damaged)?;
+            file.seek(SeekFrom::Start(data)).map_err(damaged)?;
+            (&mut file).take(size).read_to_end(&mut v).map_err(damaged)?;
+            if v.len() as u64 != size {
+                return Err(TarError::Damaged(format!("the archive ends inside the entry at offset {start}")));
+            }
             Ok(v)
         };
         match flag {
@@ -139,13 +183,13 @@ pub fn index<R: Read + Seek>(file: R) -> Result<Vec<TarEntry>, TarError> {
         }
         let p = std::mem::take(&mut pending);
         let pax = |key: &str| p.pax.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.clone());
-        let name_bytes = pax("path").or(p.path.clone()).unwrap_or_else(|| entry.path_bytes().into_owned());
+        let name_bytes = pax("path").or(p.path.clone()).unwrap_or_else(|| header.path_bytes().into_owned());
         let raw = text(&name_bytes);
         let bad = |reason: String| TarError::Entry { name: raw.clone(), reason };
         let name = normalise_name(&raw).map_err(|why| bad(format!("its name {why}")))?;
         let link = || -> Option<String> {
             let bytes =
-                pax("linkpath").or(p.link.clone()).or_else(|| entry.link_name_bytes().map(|b| b.into_owned()))?;
+                pax("linkpath").or(p.link.clone()).or_else(|| header.link_name_bytes().map(|b| b.into_owned()))?;
             Some(text(&bytes))
         };
         let device = || -> Result<(u32, u32), TarError> {
@@ -246,6 +290,42 @@ mod tests {
         // The second entry's bytes start at its PAX header, right where the first one ended.
         assert_eq!(entries[1].start, entries[0].end);
         assert_eq!(entries[0].start, 0);
+    }
+
+    /// Go's writer, for a file of 8 GiB or more, puts the size only in a PAX `size` record and
+    /// 0 in the header. Here a small file is written so, its data starting with a zero block
+    /// (as a disk image's would): the entry has the record's size, and the entry after it is
+    /// found where it is, not taken for the end of the archive.
+    #[test]
+    fn a_size_given_only_by_a_pax_record_is_followed() {
+        let body: Vec<u8> = [vec![0u8; 512], (0..1500u32).map(|i| (i % 251) as u8).collect()].concat();
+        let mut data = tar_of(|b| b.append_pax_extensions([("size", format!("{}", body.len()).as_bytes())]).unwrap());
+        data.truncate(data.len() - 1024);
+        let mut h = header(tar::EntryType::Regular, 0);
+        h.set_path("weights.bin").unwrap();
+        h.set_cksum();
+        data.extend_from_slice(h.as_bytes());
+        data.extend_from_slice(&body);
+        data.resize(data.len().div_ceil(512) * 512, 0);
+        let after = tar_of(|b| {
+            let mut h = header(tar::EntryType::Regular, 5);
+            b.append_data(&mut h, "after.txt", &b"after"[..]).unwrap();
+        });
+        data.extend_from_slice(&after);
+        let entries = index(std::io::Cursor::new(&data)).unwrap();
+        let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["weights.bin", "after.txt"]);
+        assert_eq!(entries[0].size, body.len() as u64);
+        assert_eq!(&data[entries[0].data as usize..][..body.len()], &body[..]);
+        assert_eq!(entries[1].start, entries[0].end);
+        assert_eq!(&data[entries[1].data as usize..][..5], b"after");
+        // A record that is no number is an error naming the entry.
+        let mut bad = tar_of(|b| b.append_pax_extensions([("size", &b"lots"[..])]).unwrap());
+        bad.truncate(bad.len() - 1024);
+        bad.extend_from_slice(h.as_bytes());
+        bad.extend_from_slice(&[0; 1024]);
+        let e = index(std::io::Cursor::new(&bad)).unwrap_err().to_string();
+        assert!(e.contains("weights.bin") && e.contains("PAX size"), "{e}");
     }
 
     #[test]
