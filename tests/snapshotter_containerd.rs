@@ -1063,6 +1063,36 @@ fn a_hosts_toml_mirror_serves_a_registry_that_is_down() {
     assert!(ranged > 0, "the mirror served Strata's ranged reads");
 }
 
+/// A mirror behind a login of its own: Strata reads through it with the login config.json has
+/// for the mirror's host, as containerd does, though config.json has none for the image's own
+/// registry (here a port nothing listens on).
+#[test]
+#[ignore = "needs root, containerd, docker-registry, htpasswd and the test registry: run by .ci/run"]
+fn a_mirror_is_read_with_its_own_login() {
+    let reg = AuthRegistry::start(Auth::Basic);
+    let dead = common::free_port();
+    let hosts = tempfile::tempdir().unwrap();
+    let dir = hosts.path().join(format!("127.0.0.1:{dead}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let toml = format!(
+        "server = \"http://127.0.0.1:{dead}\"\n[host.\"http://{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+        reg.addr
+    );
+    std::fs::write(dir.join("hosts.toml"), toml).unwrap();
+    let config = reg.docker_config(PASSWORD);
+    let node = Node::start_with(&format!(
+        "hosts_dir = \"{}\"\ndocker_config = \"{}\"",
+        hosts.path().display(),
+        config.display()
+    ));
+    let login = format!("{USER}:{PASSWORD}");
+    pull_lazily_from(
+        &node,
+        &format!("127.0.0.1:{dead}"),
+        &["--plain-http", "--hosts-dir", hosts.path().to_str().unwrap(), "--user", &login],
+    );
+}
+
 /// A hosts dir with one `hosts.toml` for the HTTPS registry at `addr`, its `[host]` entry
 /// carrying `setting` (a `ca`, `skip_verify`, or nothing).
 fn tls_hosts(addr: &str, setting: &str) -> tempfile::TempDir {

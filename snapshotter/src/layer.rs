@@ -233,7 +233,14 @@ impl LayerNamespace {
                 *names_of.entry(target.as_str()).or_insert(1) += 1;
             }
         }
-        let link_id = |target: &str| toc.entries.iter().position(|e| e.path == target).map(|i| i as u64);
+        // Each path's first place in the TOC, its group's id: looked up once per link, so a layer
+        // of many hard links (a conda environment linked to its package cache) builds in linear
+        // time, not in one scan of every entry per link.
+        let mut first_at: HashMap<&str, u64> = HashMap::new();
+        for (i, e) in toc.entries.iter().enumerate() {
+            first_at.entry(e.path.as_str()).or_insert(i as u64);
+        }
+        let link_id = |target: &str| first_at.get(target).copied();
         let mut subdirs: HashMap<&str, u32> = HashMap::new();
         for e in toc.entries.iter().filter(|e| e.kind == EntryKind::Dir && !e.path.is_empty()) {
             *subdirs.entry(parent_and_name(&e.path).0).or_default() += 1;

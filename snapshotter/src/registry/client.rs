@@ -402,12 +402,40 @@ impl Registry {
     /// on a 401 as challenged. Only endpoints with the capability `need` are asked. `path` is
     /// under the repository (`/blobs/...`), or a URL the registry handed out (an upload's
     /// `Location`: absolute, or a path from the host's root).
+    ///
+    /// A read (GET or HEAD) that every endpoint failed for a reason that passes (a connection
+    /// refused or reset, a timeout, 429 or a 5xx from an overloaded registry or a proxy in
+    /// front of it) is sent again, twice, after a pause: a lazy read that fails is an I/O error
+    /// in a running container, where a pull would merely have retried.
     pub(super) async fn send(
         &self,
         image: &ImageRef,
         path: &str,
         method: Method,
         build: impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
+        need: Need,
+    ) -> Result<reqwest::Response, RegistryError> {
+        let reads = method == Method::GET || method == Method::HEAD;
+        let mut pause = RETRY_PAUSE;
+        for _ in 1..RETRIES {
+            match self.send_once(image, path, method.clone(), &build, need).await {
+                Err(e) if reads && passes(&e) => {
+                    tracing::debug!(image = %image, path, error = %e, ?pause, "the registry failed a read; asking again");
+                    tokio::time::sleep(pause).await;
+                    pause *= 4;
+                }
+                other => return other,
+            }
+        }
+        self.send_once(image, path, method, &build, need).await
+    }
+
+    async fn send_once(
+        &self,
+        image: &ImageRef,
+        path: &str,
+        method: Method,
+        build: &impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
         need: Need,
     ) -> Result<reqwest::Response, RegistryError> {
         let endpoints: Vec<Endpoint> = self
@@ -422,7 +450,7 @@ impl Registry {
             .collect();
         let mut last = None;
         for ep in &endpoints {
-            match self.send_to(ep, image, path, method.clone(), &build).await {
+            match self.send_to(ep, image, path, method.clone(), build).await {
                 Ok(resp) => return Ok(resp),
                 Err(e) => {
                     tracing::debug!(endpoint = %ep.base, error = %e, "registry endpoint failed; trying the next");
@@ -470,7 +498,10 @@ impl Registry {
         if resp.status() == StatusCode::UNAUTHORIZED {
             let challenge =
                 resp.headers().get(WWW_AUTHENTICATE).and_then(|v| v.to_str().ok()).and_then(parse_challenge);
-            let login = self.credentials.login(&image.host);
+            // The login of the host asked, as containerd picks it: a mirror has its own, and is
+            // never sent the upstream registry's.
+            let asked = origin(&ep.base);
+            let login = self.credentials.login(asked);
             let header = match challenge {
                 Some(Challenge::Basic) => match login {
                     Some(l) => l.basic_header(),
@@ -495,7 +526,7 @@ impl Registry {
             resp = attempt(Some(header.clone())).await.map_err(http)?;
             if resp.status() == StatusCode::UNAUTHORIZED {
                 let whose = match login {
-                    Some(_) => format!("the login for {} (docker config.json)", image.host),
+                    Some(_) => format!("the login for {asked} (docker config.json)"),
                     None => "an anonymous token".to_owned(),
                 };
                 return Err(RegistryError::Auth { url, reason: format!("401 Unauthorized: {whose} was refused") });
@@ -511,6 +542,22 @@ impl Registry {
             _ => String::new(),
         };
         Err(RegistryError::Status { url, status, detail })
+    }
+}
+
+/// Tries of a read whose failure passes, and the pause before the second (four times longer
+/// before each later one).
+const RETRIES: u32 = 3;
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+/// Whether a failed request may well work if sent again: the connection failed or timed out,
+/// or the registry said it is overloaded or failing for now.
+fn passes(e: &RegistryError) -> bool {
+    match e {
+        RegistryError::Http { source, .. } => source.is_connect() || source.is_timeout() || source.is_request(),
+        RegistryError::Status { status, .. } => matches!(status, 408 | 429 | 500 | 502 | 503 | 504),
+        RegistryError::AllHostsFailed { last, .. } => passes(last),
+        _ => false,
     }
 }
 
@@ -562,6 +609,55 @@ fn origin(base: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::parse_content_range;
+
+    /// A registry on loopback that answers each request in turn from `answers`, on a new
+    /// connection each; returns its address and how many requests it took.
+    fn serve(answers: Vec<&'static str>) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let taken = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = taken.clone();
+        std::thread::spawn(move || {
+            for answer in answers {
+                let (mut conn, _) = listener.accept().unwrap();
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    line.clear();
+                }
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let _ = conn.write_all(answer.as_bytes());
+            }
+        });
+        (addr, taken)
+    }
+
+    /// A registry that is overloaded for a moment (503, then 502 from a proxy in front of it)
+    /// is asked again, and the read gets its bytes; one that refuses a read for good (404) is
+    /// not asked again.
+    #[tokio::test]
+    async fn a_read_the_registry_fails_for_a_moment_is_sent_again() {
+        use super::*;
+        let unavailable = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        let bad_gateway = "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        let ok = "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-3/10\r\nContent-Length: 4\r\n\
+                  Connection: close\r\n\r\nabcd";
+        let (addr, taken) = serve(vec![unavailable, bad_gateway, ok]);
+        let reg = Registry::new(Hosts::new(None), Credentials::default());
+        let image = ImageRef::parse(&format!("{addr}/strata/x:1")).unwrap();
+        let digest = format!("sha256:{}", "a".repeat(64));
+        let got = reg.blob_range(&image, &digest, 0..4).await.unwrap();
+        assert_eq!(&got[..], b"abcd");
+        assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 3);
+
+        let missing = "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        let (addr, taken) = serve(vec![missing, ok]);
+        let image = ImageRef::parse(&format!("{addr}/strata/x:1")).unwrap();
+        let e = reg.blob_range(&image, &digest, 0..4).await.unwrap_err().to_string();
+        assert!(e.contains("404"), "{e}");
+        assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 1, "a 404 is final");
+    }
 
     #[test]
     fn content_ranges_are_read_whole_or_not_at_all() {
