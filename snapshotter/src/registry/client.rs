@@ -331,16 +331,30 @@ impl Registry {
         range: Range<u64>,
     ) -> Result<RangeStream, RegistryError> {
         let header = format!("bytes={}-{}", range.start, range.end - 1);
+        // A server that ignores Range would send the whole blob; lazy reads cannot work with
+        // it, and reading the whole body would defeat the memory bound. A mirror that does so
+        // (a pull-through cache fetching the blob for the first time) is passed over for the
+        // next endpoint, as a failing one is.
+        let whole = |resp: &reqwest::Response| {
+            (resp.status() != StatusCode::PARTIAL_CONTENT).then(|| RegistryError::Range {
+                url: resp.url().to_string(),
+                start: range.start,
+                end: range.end,
+                got: format!("status {} instead of 206 Partial Content", resp.status()),
+            })
+        };
         let resp = self
-            .send(image, &format!("/blobs/{digest}"), Method::GET, |r| r.header(RANGE, header.clone()), Need::Pull)
+            .send_accepting(
+                image,
+                &format!("/blobs/{digest}"),
+                Method::GET,
+                |r| r.header(RANGE, header.clone()),
+                Need::Pull,
+                whole,
+            )
             .await?;
         let url = resp.url().to_string();
         let bad = |got: String| RegistryError::Range { url: url.clone(), start: range.start, end: range.end, got };
-        if resp.status() != StatusCode::PARTIAL_CONTENT {
-            // A server that ignores Range would send the whole blob; lazy reads cannot work
-            // with it, and reading the whole body here would defeat the memory bound.
-            return Err(bad(format!("status {} instead of 206 Partial Content", resp.status())));
-        }
         let content_range = resp.headers().get(CONTENT_RANGE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
         let expected_prefix = format!("bytes {}-{}/", range.start, range.end - 1);
         if !content_range.starts_with(&expected_prefix) {
@@ -415,10 +429,24 @@ impl Registry {
         build: impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
         need: Need,
     ) -> Result<reqwest::Response, RegistryError> {
+        self.send_accepting(image, path, method, build, need, |_| None).await
+    }
+
+    /// As [`Registry::send`], where an endpoint's successful answer that `refuse` finds wrong
+    /// (a mirror answering a ranged read with the whole blob) counts as that endpoint failing.
+    async fn send_accepting(
+        &self,
+        image: &ImageRef,
+        path: &str,
+        method: Method,
+        build: impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
+        need: Need,
+        refuse: impl Fn(&reqwest::Response) -> Option<RegistryError>,
+    ) -> Result<reqwest::Response, RegistryError> {
         let reads = method == Method::GET || method == Method::HEAD;
         let mut pause = RETRY_PAUSE;
         for _ in 1..RETRIES {
-            match self.send_once(image, path, method.clone(), &build, need).await {
+            match self.send_once(image, path, method.clone(), &build, need, &refuse).await {
                 Err(e) if reads && passes(&e) => {
                     tracing::debug!(image = %image, path, error = %e, ?pause, "the registry failed a read; asking again");
                     tokio::time::sleep(pause).await;
@@ -427,7 +455,7 @@ impl Registry {
                 other => return other,
             }
         }
-        self.send_once(image, path, method, &build, need).await
+        self.send_once(image, path, method, &build, need, &refuse).await
     }
 
     async fn send_once(
@@ -437,6 +465,7 @@ impl Registry {
         method: Method,
         build: &impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
         need: Need,
+        refuse: &impl Fn(&reqwest::Response) -> Option<RegistryError>,
     ) -> Result<reqwest::Response, RegistryError> {
         let endpoints: Vec<Endpoint> = self
             .hosts
@@ -451,7 +480,13 @@ impl Registry {
         let mut last = None;
         for ep in &endpoints {
             match self.send_to(ep, image, path, method.clone(), build).await {
-                Ok(resp) => return Ok(resp),
+                Ok(resp) => match refuse(&resp) {
+                    None => return Ok(resp),
+                    Some(e) => {
+                        tracing::debug!(endpoint = %ep.base, error = %e, "registry endpoint answered wrongly; trying the next");
+                        last = Some(e);
+                    }
+                },
                 Err(e) => {
                     tracing::debug!(endpoint = %ep.base, error = %e, "registry endpoint failed; trying the next");
                     last = Some(e);
@@ -631,6 +666,33 @@ mod tests {
             }
         });
         (addr, taken)
+    }
+
+    /// A pull-through mirror that answers a ranged read with the whole blob (200, as one
+    /// fetching the blob upstream for the first time does) is passed over: the range is read
+    /// from the next endpoint, the registry itself.
+    #[tokio::test]
+    async fn a_mirror_that_ignores_ranges_is_passed_over_for_the_next_host() {
+        use super::*;
+        let whole = "HTTP/1.1 200 OK\r\nContent-Length: 10\r\nConnection: close\r\n\r\nabcdefghij";
+        let ok = "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-3/10\r\nContent-Length: 4\r\n\
+                  Connection: close\r\n\r\nabcd";
+        let (mirror, asked_mirror) = serve(vec![whole]);
+        let (server, asked_server) = serve(vec![ok]);
+        let hosts = tempfile::tempdir().unwrap();
+        std::fs::create_dir(hosts.path().join("registry.test")).unwrap();
+        std::fs::write(
+            hosts.path().join("registry.test/hosts.toml"),
+            format!("server = \"http://{server}\"\n[host.\"http://{mirror}\"]\n  capabilities = [\"pull\"]\n"),
+        )
+        .unwrap();
+        let reg = Registry::new(Hosts::new(Some(hosts.path())), Credentials::default());
+        let image = ImageRef::parse("registry.test/strata/x:1").unwrap();
+        let digest = format!("sha256:{}", "b".repeat(64));
+        let got = reg.blob_range(&image, &digest, 0..4).await.unwrap();
+        assert_eq!(&got[..], b"abcd");
+        let asked = |n: &std::sync::atomic::AtomicUsize| n.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!((asked(&asked_mirror), asked(&asked_server)), (1, 1));
     }
 
     /// A registry that is overloaded for a moment (503, then 502 from a proxy in front of it)
