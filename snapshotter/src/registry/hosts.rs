@@ -115,6 +115,8 @@ impl Hosts {
 }
 
 fn endpoint(url: &str, entry: &HostEntry, dir: &Path) -> Result<Endpoint, String> {
+    // `mirror.corp:5000`, without a scheme, is HTTPS, as containerd takes it.
+    let url = if url.contains("://") { url.to_owned() } else { format!("https://{url}") };
     if !(url.starts_with("http://") || url.starts_with("https://")) {
         return Err(format!("host {url:?} must start with http:// or https://"));
     }
@@ -124,11 +126,13 @@ fn endpoint(url: &str, entry: &HostEntry, dir: &Path) -> Result<Endpoint, String
     } else {
         format!("{trimmed}/v2")
     };
-    let caps: Vec<&str> = entry
+    // Any case, as containerd reads them.
+    let caps: Vec<String> = entry
         .capabilities
         .as_deref()
-        .map(|c| c.iter().map(String::as_str).collect())
-        .unwrap_or_else(|| vec!["pull", "resolve", "push"]);
+        .map(|c| c.iter().map(|c| c.to_ascii_lowercase()).collect())
+        .unwrap_or_else(|| ["pull", "resolve", "push"].map(String::from).to_vec());
+    let caps: Vec<&str> = caps.iter().map(String::as_str).collect();
     for c in &caps {
         if !matches!(*c, "pull" | "resolve" | "push") {
             return Err(format!("capability {c:?} of {url:?} is not pull, resolve or push"));
@@ -197,6 +201,24 @@ mod tests {
         assert_eq!(e[0].base, "http://127.0.0.1:5000/v2");
         assert_eq!(Hosts::new(None).endpoints("docker.io").unwrap()[0].base, "https://registry-1.docker.io/v2");
         assert_eq!(Hosts::new(None).endpoints("ghcr.io").unwrap()[0].base, "https://ghcr.io/v2");
+    }
+
+    /// As containerd reads a hosts.toml: a host without a scheme is HTTPS, and capabilities
+    /// are taken in any case.
+    #[test]
+    fn hosts_without_a_scheme_are_https_and_capabilities_any_case() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("reg.corp");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(
+            d.join("hosts.toml"),
+            "server = \"reg.corp\"\n[host.\"mirror.corp:5000\"]\n  capabilities = [\"Pull\", \"RESOLVE\"]\n",
+        )
+        .unwrap();
+        let e = Hosts::new(Some(dir.path())).endpoints("reg.corp").unwrap();
+        let bases: Vec<&str> = e.iter().map(|e| e.base.as_str()).collect();
+        assert_eq!(bases, ["https://mirror.corp:5000/v2", "https://reg.corp/v2"]);
+        assert!(e[0].pull && e[0].resolve && !e[0].push);
     }
 
     #[test]
