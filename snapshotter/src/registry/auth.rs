@@ -5,7 +5,8 @@ use super::RegistryError;
 use base64::Engine;
 use serde::Deserialize;
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 /// A username and password (or identity token) for one registry host.
 #[derive(Clone, PartialEq, Eq)]
@@ -31,6 +32,8 @@ impl Login {
 #[derive(Debug, Clone, Default)]
 pub struct Credentials {
     by_host: HashMap<String, Login>,
+    /// The file they were read from, and its modification time then.
+    source: Option<(PathBuf, Option<SystemTime>)>,
 }
 
 #[derive(Deserialize)]
@@ -50,9 +53,12 @@ impl Credentials {
     /// Reads `path`; a missing file means no logins, a damaged one is an error naming it.
     pub fn load(path: &Path) -> Result<Credentials, RegistryError> {
         let err = |reason: String| RegistryError::Config { path: path.display().to_string(), reason };
+        let source = Some((path.to_owned(), modified(path)));
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Credentials::default()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Credentials { by_host: HashMap::new(), source });
+            }
             Err(e) => return Err(err(e.to_string())),
         };
         let config: DockerConfig = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
@@ -73,7 +79,28 @@ impl Credentials {
             };
             by_host.insert(normalise_host(&key), login);
         }
-        Ok(Credentials { by_host })
+        Ok(Credentials { by_host, source })
+    }
+
+    /// The logins as the file holds them now, if it changed since they were read: a token
+    /// rotated by a job (ECR's last 12 hours, robot accounts are renewed) is taken up without
+    /// a restart. A file that cannot be read now (caught mid-write) leaves the old logins, and
+    /// is read again at the next check.
+    pub fn reloaded(&self) -> Option<Credentials> {
+        let (path, seen) = self.source.as_ref()?;
+        if modified(path) == *seen {
+            return None;
+        }
+        match Credentials::load(path) {
+            Ok(fresh) => {
+                tracing::info!(path = %path.display(), "registry logins changed; using the new ones");
+                Some(fresh)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "registry logins changed but cannot be read; keeping the old ones");
+                None
+            }
+        }
     }
 
     pub fn with_login(mut self, host: &str, login: Login) -> Credentials {
@@ -84,6 +111,10 @@ impl Credentials {
     pub fn login(&self, host: &str) -> Option<&Login> {
         self.by_host.get(&normalise_host(host))
     }
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
 /// `https://index.docker.io/v1/` and friends are keys for `docker.io`; other keys may carry a

@@ -3,7 +3,7 @@
 //! then the upstream), answering a 401 with the token or basic login the challenge asks for.
 
 use super::RegistryError;
-use super::auth::{Challenge, Credentials, fetch_token, parse_challenge};
+use super::auth::{Challenge, Credentials, Login, fetch_token, parse_challenge};
 use super::hosts::{Endpoint, Hosts};
 use super::range_stream::{RangeStream, collect, collect_seen, ended_early};
 use super::reference::ImageRef;
@@ -90,7 +90,8 @@ pub enum Need {
 #[derive(Debug)]
 pub struct Registry {
     hosts: Hosts,
-    credentials: Credentials,
+    /// Read again when its file changes, at the next challenge.
+    credentials: Mutex<Credentials>,
     /// One HTTP client per TLS setting in use (skip_verify, extra CAs), each with its own pool.
     clients: Mutex<HashMap<(bool, Vec<PathBuf>), reqwest::Client>>,
     /// Authorization headers that worked, by endpoint base and repository.
@@ -113,7 +114,21 @@ impl Registry {
         // roots, which took 25 ms of a layer's first request when it was left to then. If it
         // fails, the first request that needs it reports why.
         let clients = build_client(false, Vec::new()).map(|c| ((false, Vec::new()), c)).into_iter().collect();
-        Registry { hosts, credentials, clients: Mutex::new(clients), auth: Mutex::new(HashMap::new()) }
+        Registry {
+            hosts,
+            credentials: Mutex::new(credentials),
+            clients: Mutex::new(clients),
+            auth: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The login for registry `host`, from config.json as it is now.
+    fn login(&self, host: &str) -> Option<Login> {
+        let mut credentials = self.credentials.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(fresh) = credentials.reloaded() {
+            *credentials = fresh;
+        }
+        credentials.login(host).cloned()
     }
 
     /// The client for `ep`'s TLS settings. Its CA files are read when first needed, so a bad
@@ -536,9 +551,9 @@ impl Registry {
             // The login of the host asked, as containerd picks it: a mirror has its own, and is
             // never sent the upstream registry's.
             let asked = origin(&ep.base);
-            let login = self.credentials.login(asked);
+            let login = self.login(asked);
             let header = match challenge {
-                Some(Challenge::Basic) => match login {
+                Some(Challenge::Basic) => match &login {
                     Some(l) => l.basic_header(),
                     None => {
                         return Err(RegistryError::Auth {
@@ -549,7 +564,7 @@ impl Registry {
                 },
                 Some(Challenge::Bearer { realm, service, scope }) => {
                     let scope = scope.unwrap_or_else(|| format!("repository:{}:pull", image.repository));
-                    format!("Bearer {}", fetch_token(client, &realm, service.as_deref(), &scope, login).await?)
+                    format!("Bearer {}", fetch_token(client, &realm, service.as_deref(), &scope, login.as_ref()).await?)
                 }
                 None => {
                     return Err(RegistryError::Auth {
@@ -648,24 +663,69 @@ mod tests {
     /// A registry on loopback that answers each request in turn from `answers`, on a new
     /// connection each; returns its address and how many requests it took.
     fn serve(answers: Vec<&'static str>) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        let mut answers = answers.into_iter();
+        serve_by(answers.len(), move |_| answers.next().unwrap())
+    }
+
+    /// As [`serve`], for `n` requests, each answered by `answer` from its header lines.
+    fn serve_by(
+        n: usize,
+        mut answer: impl FnMut(&str) -> &'static str + Send + 'static,
+    ) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
         use std::io::{BufRead, BufReader, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let taken = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let count = taken.clone();
         std::thread::spawn(move || {
-            for answer in answers {
+            for _ in 0..n {
                 let (mut conn, _) = listener.accept().unwrap();
                 let mut reader = BufReader::new(conn.try_clone().unwrap());
-                let mut line = String::new();
+                let (mut head, mut line) = (String::new(), String::new());
                 while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    head.push_str(&line);
                     line.clear();
                 }
                 count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let _ = conn.write_all(answer.as_bytes());
+                let _ = conn.write_all(answer(&head).as_bytes());
             }
         });
         (addr, taken)
+    }
+
+    /// A login rotated in config.json while the daemon runs (a job renewing a registry token)
+    /// is used at the next challenge, without a restart.
+    #[tokio::test]
+    async fn a_login_changed_in_config_json_is_used_without_a_restart() {
+        use super::*;
+        use base64::Engine;
+        let right = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("strata:new-token"));
+        let ok = "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-3/10\r\nContent-Length: 4\r\n\
+                  Connection: close\r\n\r\nabcd";
+        let refused = "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"r\"\r\nContent-Length: 0\r\n\
+                       Connection: close\r\n\r\n";
+        let (addr, _) = serve_by(4, move |head| {
+            let sent =
+                head.lines().find_map(|l| l.strip_prefix("authorization: ").or(l.strip_prefix("Authorization: ")));
+            if sent == Some(right.as_str()) { ok } else { refused }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("config.json");
+        let write = |password: &str, at: std::time::SystemTime| {
+            let auth = base64::engine::general_purpose::STANDARD.encode(format!("strata:{password}"));
+            std::fs::write(&config, format!("{{\"auths\":{{\"{addr}\":{{\"auth\":\"{auth}\"}}}}}}")).unwrap();
+            std::fs::File::options().write(true).open(&config).unwrap().set_modified(at).unwrap();
+        };
+        let start = std::time::SystemTime::now();
+        write("old-token", start);
+        let reg = Registry::new(Hosts::new(None), Credentials::load(&config).unwrap());
+        let image = ImageRef::parse(&format!("{addr}/strata/x:1")).unwrap();
+        let digest = format!("sha256:{}", "c".repeat(64));
+        let e = reg.blob_range(&image, &digest, 0..4).await.unwrap_err().to_string();
+        assert!(e.contains("was refused"), "{e}");
+        write("new-token", start + Duration::from_secs(5));
+        let got = reg.blob_range(&image, &digest, 0..4).await.unwrap();
+        assert_eq!(&got[..], b"abcd");
     }
 
     /// A pull-through mirror that answers a ranged read with the whole blob (200, as one
