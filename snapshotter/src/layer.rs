@@ -458,3 +458,6 @@ impl Namespace for LayerNamespace {
         })
     }
 }
+
+#[cfg(test)]
+mod tree_tests;
