@@ -88,6 +88,13 @@ struct Inodes {
     /// that asked the store while one was made may describe the tree from before it, and must
     /// neither undo it nor be cached.
     changes: u64,
+    /// For each directory a change touched, the count at its last change: only answers about
+    /// that directory are asked for again, so a checkpoint written in one directory does not
+    /// make a long listing of another start over.
+    changed: HashMap<String, u64>,
+    /// The count when `changed` was last emptied, to bound it: an answer asked for before
+    /// then counts as raced, whatever its directory.
+    changed_floor: u64,
 }
 
 impl Inodes {
@@ -113,6 +120,24 @@ impl Inodes {
         ino
     }
 
+    /// Counts a change of the tree touching `paths`: the directory of each changed now.
+    fn touch(&mut self, paths: &[&str]) {
+        self.changes += 1;
+        if self.changed.len() > MAX_CHANGED_DIRS {
+            self.changed.clear();
+            self.changed_floor = self.changes;
+        }
+        for p in paths {
+            let parent = p.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
+            self.changed.insert(parent.to_owned(), self.changes);
+        }
+    }
+
+    /// Whether the directory `dir` changed here after the count was `seen`.
+    fn changed_since(&self, dir: &str, seen: u64) -> bool {
+        seen < self.changed_floor || self.changed.get(dir).is_some_and(|&at| at > seen)
+    }
+
     /// The inode of `path` for an answer the store gave while this mount was changing the
     /// tree (`current` false), or about a file being written here: the inode's own node is
     /// newer than the answer, and stays; only a path not known here is assigned the answer.
@@ -126,6 +151,9 @@ impl Inodes {
         }
     }
 }
+
+/// Directories whose last change is remembered; past this, the memory starts again.
+const MAX_CHANGED_DIRS: usize = 65_536;
 
 /// How many times a listing or lookup asks the store again after this mount changed the tree
 /// during its request, before it answers without caching.
@@ -441,7 +469,7 @@ impl FsCore {
             // itself: a change counted after this check comes after this listing, and
             // forgets it.
             let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
-            let current = t.changes == seen;
+            let current = !t.changed_since(&dir.path, seen);
             if !current && tries < RACED_TRIES {
                 continue;
             }
@@ -465,10 +493,10 @@ impl FsCore {
         self.inodes.read().unwrap_or_else(|p| p.into_inner()).changes
     }
 
-    /// The inodes table, to change the tree: the change is counted.
-    fn changing(&self) -> std::sync::RwLockWriteGuard<'_, Inodes> {
+    /// The inodes table, to change the tree at `paths`: the change is counted.
+    fn changing(&self, paths: &[&str]) -> std::sync::RwLockWriteGuard<'_, Inodes> {
         let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
-        t.changes += 1;
+        t.touch(paths);
         t
     }
 
@@ -552,7 +580,7 @@ impl FsCore {
         let writing = self.writing();
         // As in `listing`: checked, and cached, under the lock every change here counts under.
         let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
-        let current = t.changes == seen;
+        let current = !t.changed_since(&dir.path, seen);
         if !current && !last {
             return Ok(None);
         }
@@ -712,7 +740,7 @@ impl FsCore {
     }
 
     fn set_node(&self, ino: u64, path: &str, node: Node) {
-        let mut t = self.changing();
+        let mut t = self.changing(&[path]);
         t.by_path.insert(path.to_string(), ino);
         t.by_ino.insert(ino, Inode { path: path.to_string(), node });
     }
@@ -745,7 +773,7 @@ impl FsCore {
             mtime: SystemTime::now(),
             posix: None,
         };
-        let ino = self.changing().assign(&path, node.clone());
+        let ino = self.changing(&[&path]).assign(&path, node.clone());
         let staged = self.start_staging(ino, &path)?;
         self.forget_listing(parent);
         self.forget_name(parent, name);
@@ -917,7 +945,7 @@ impl FsCore {
                     Ok(Some(node)) => self.set_node(h.ino, &path, node),
                     // Gone from the store too (or not known now): the next lookup asks again.
                     _ => {
-                        self.changing().by_path.remove(&path);
+                        self.changing(&[&path]).by_path.remove(&path);
                     }
                 }
                 tracing::warn!(path = %path, error = %why, "not uploaded: a write to it failed; its staged bytes are dropped");
@@ -1045,7 +1073,7 @@ impl FsCore {
             })?;
         }
         self.published.lock().unwrap_or_else(|p| p.into_inner()).remove(&attr.ino);
-        let mut t = self.changing();
+        let mut t = self.changing(&[&path]);
         t.by_path.remove(&path);
         t.by_ino.remove(&attr.ino);
         drop(t);
@@ -1073,7 +1101,7 @@ impl FsCore {
         };
         // S3 has no directories: this one lives here until files are written under it.
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(path.clone(), node.clone());
-        let ino = self.changing().assign(&path, node.clone());
+        let ino = self.changing(&[&path]).assign(&path, node.clone());
         self.forget_listing(parent);
         self.forget_name(parent, name);
         Ok(Self::attr(ino, &node))
@@ -1090,7 +1118,7 @@ impl FsCore {
         }
         let path = self.inode(attr.ino)?.path;
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&path);
-        let mut t = self.changing();
+        let mut t = self.changing(&[&path]);
         t.by_path.remove(&path);
         t.by_ino.remove(&attr.ino);
         drop(t);
@@ -1165,7 +1193,7 @@ impl FsCore {
             }
         };
         {
-            let mut t = self.changing();
+            let mut t = self.changing(&[&from.path, &to]);
             t.by_path.remove(&from.path);
             if let Some(old) = t.by_path.insert(to.clone(), src.ino)
                 && old != src.ino

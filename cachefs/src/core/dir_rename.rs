@@ -195,9 +195,19 @@ impl FsCore {
         copied: &HashMap<String, Node>,
     ) -> Vec<(String, Node, String, Node)> {
         let mut rekey = Vec::new();
-        let mut t = self.changing();
+        let mut t = self.changing(&[from, to]);
         let inside: Vec<(String, u64)> =
             t.by_path.iter().filter(|(p, _)| moved(p, from, to).is_some()).map(|(p, i)| (p.clone(), *i)).collect();
+        // Every directory inside changes its path: answers about any of them, old or new, may
+        // be from before the move.
+        let touched: Vec<String> =
+            inside.iter().flat_map(|(p, _)| [p.clone(), moved(p, from, to).unwrap_or_default()]).collect();
+        t.touch(&touched.iter().map(String::as_str).collect::<Vec<_>>());
+        // The moved directories themselves too: a listing of one may be on its way.
+        for p in touched {
+            let at = t.changes;
+            t.changed.insert(p, at);
+        }
         // Whatever the new names showed before (an empty directory) is replaced.
         let replaced: Vec<u64> =
             t.by_path.iter().filter(|(p, _)| moved(p, to, to).is_some()).map(|(_, i)| *i).collect();

@@ -22,6 +22,8 @@ struct Hold {
 struct Holding {
     inner: Arc<dyn Namespace>,
     hold: Mutex<Option<Hold>>,
+    /// Every directory listed, in order.
+    listed: Mutex<Vec<String>>,
 }
 
 impl Holding {
@@ -54,6 +56,7 @@ impl Namespace for Holding {
         self.inner.describe()
     }
     fn read_dir(&self, dir: &str) -> BoxFuture<'static, Result<Vec<Node>, NsError>> {
+        self.listed.lock().unwrap().push(dir.to_string());
         self.held(dir, self.inner.read_dir(dir))
     }
     fn stat(&self, path: &str) -> BoxFuture<'static, Result<Option<Node>, NsError>> {
@@ -102,7 +105,7 @@ impl Namespace for Holding {
 fn holding(dir: &std::path::Path, ttl: Option<Duration>) -> (Arc<FsCore>, Arc<Holding>) {
     let mut holding = None;
     let fs = setup_wrapped(dir, 8 << 20, strata_tiering::source::MAX_PARTS, ttl, |inner| {
-        let h = Arc::new(Holding { inner, hold: Mutex::new(None) });
+        let h = Arc::new(Holding { inner, hold: Mutex::new(None), listed: Mutex::new(Vec::new()) });
         holding = Some(h.clone());
         h
     });
@@ -213,4 +216,30 @@ async fn a_lookup_of_a_file_being_written_keeps_what_was_written() {
     assert_eq!(fs.getattr(a.ino).unwrap().size, 5, "a listing took the size back");
     fs.release(fh).await.unwrap();
     assert_eq!(fs.lookup(ROOT, "w.pt").await.unwrap().size, 5);
+}
+
+/// A file written in one directory while another is being listed: the listing is not asked
+/// for again, and is cached. A checkpoint written beside a dataset does not make a long listing
+/// of the dataset start over.
+#[tokio::test]
+async fn a_change_in_another_directory_does_not_make_a_listing_start_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fs, store) = holding(dir.path(), Some(Duration::from_secs(60)));
+    let d = fs.lookup(ROOT, "d").await.unwrap().ino;
+    let e = fs.lookup(d, "e").await.unwrap().ino;
+    let (asked, go) = store.hold("d/e");
+    let listing = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.readdir(e).await }
+    });
+    answered(asked).await;
+    let (_, fh) = fs.create(ROOT, "ckpt.pt").await.unwrap();
+    fs.write(fh, 0, b"weights").await.unwrap();
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+    go.send(()).unwrap();
+    assert_eq!(listing.await.unwrap().unwrap().len(), 3, ". .. small");
+    fs.readdir(e).await.unwrap();
+    let listed = store.listed.lock().unwrap().clone();
+    assert_eq!(listed.iter().filter(|d| *d == "d/e").count(), 1, "{listed:?}");
 }
