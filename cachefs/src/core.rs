@@ -445,11 +445,12 @@ impl FsCore {
             if let Some(entries) = self.fresh_listing(ino) {
                 return Ok(entries);
             }
+            // Before the directory's path is read: a move of the directory after this is seen.
+            let seen = self.changes();
             let dir = self.inode(ino)?;
             if dir.node.kind != NodeKind::Dir {
                 return Err(FsError::NotDir);
             }
-            let seen = self.changes();
             let mut nodes = self.ns.read_dir(&dir.path).await.map_err(|source| FsError::List {
                 dir: if dir.path.is_empty() { "/".into() } else { dir.path.clone() },
                 source,
@@ -566,12 +567,13 @@ impl FsCore {
         if self.negative.contains_key(&key) {
             return Err(FsError::NotFound);
         }
+        // Before the directory's path is read, as in `listing`.
+        let seen = self.changes();
         let dir = self.inode(parent)?;
         if dir.node.kind != NodeKind::Dir {
             return Err(FsError::NotDir);
         }
         let path = join(&dir.path, name);
-        let seen = self.changes();
         let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner()).get(&path).cloned();
         let found = match pending {
             Some(node) => Some(node),
@@ -937,6 +939,9 @@ impl FsCore {
                 drop(s);
                 self.writers.lock().unwrap_or_else(|p| p.into_inner()).remove(&h.ino);
                 self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&path);
+                // Counted before the caches are forgotten: a listing that took the pending
+                // file must not be cached after the forgetting.
+                drop(self.changing(&[&path]));
                 if let Some(parent) = self.parent_of(&path) {
                     self.forget_listing(parent);
                     self.forget_name(parent, path.rsplit('/').next().unwrap_or(&path));

@@ -101,6 +101,8 @@ impl TieredCache {
             index: Default::default(),
             policy: std::sync::RwLock::new(policy),
             pins: std::sync::RwLock::new(restore::load_pins(&config.state_dir)),
+            pin_refreshes: Default::default(),
+            pins_saving: Default::default(),
             metrics,
             state_dir: config.state_dir,
             _lock: lock,
@@ -362,15 +364,11 @@ impl TieredCache {
     /// Removes the newest-entry pins whose directory `drop` accepts. Returns how many.
     pub async fn unpin_newest(&self, drop: impl Fn(&str) -> bool + Send + 'static) -> Result<usize, CacheError> {
         self.blocking(move |core| {
-            let removed = {
-                let mut pins = core.pins.write().unwrap_or_else(|p| p.into_inner());
+            let removed = core.change_pins(|pins| {
                 let before = pins.len();
                 pins.retain(|p| !p.newest_of.as_deref().is_some_and(&drop));
-                if pins.len() != before {
-                    restore::save_pins(&core.state_dir, &pins)?;
-                }
                 before - pins.len()
-            };
+            })?;
             if removed > 0 {
                 core.refresh_pins();
             }
@@ -410,12 +408,10 @@ impl TieredCache {
                     });
                 }
             }
-            {
-                let mut pins = core.pins.write().unwrap_or_else(|p| p.into_inner());
+            core.change_pins(|pins| {
                 pins.retain(|p| p.pattern != pattern && (newest_of.is_none() || p.newest_of != newest_of));
                 pins.push(Pin { pattern: pattern.clone(), tier, newest_of });
-                restore::save_pins(&core.state_dir, &pins)?;
-            }
+            })?;
             core.refresh_pins();
             // Bring the pinned chunks to their tier now rather than at the next policy pass.
             let from = match tier {
@@ -433,13 +429,11 @@ impl TieredCache {
     /// Removes pins with exactly this pattern. Returns how many were removed.
     pub async fn unpin(&self, pattern: PathPattern) -> Result<usize, CacheError> {
         self.blocking(move |core| {
-            let removed = {
-                let mut pins = core.pins.write().unwrap_or_else(|p| p.into_inner());
+            let removed = core.change_pins(|pins| {
                 let before = pins.len();
                 pins.retain(|p| p.pattern != pattern);
-                restore::save_pins(&core.state_dir, &pins)?;
                 before - pins.len()
-            };
+            })?;
             core.refresh_pins();
             Ok(removed)
         })

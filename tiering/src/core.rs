@@ -39,6 +39,12 @@ pub(crate) struct Core {
     pub index: Mutex<Index>,
     pub policy: RwLock<Policy>,
     pub pins: RwLock<Vec<Pin>>,
+    /// Counts refreshes of every entry's pin (after the pins or the policy changed), so that a
+    /// store can tell that the pin it resolved may be stale.
+    pub pin_refreshes: std::sync::atomic::AtomicU64,
+    /// Held while the pins are changed and saved, so saves land in the order of the changes;
+    /// the pins' own lock is not held while they are written to disk.
+    pub pins_saving: std::sync::Mutex<()>,
     pub metrics: Metrics,
     pub state_dir: PathBuf,
     /// Held for the cache's lifetime: two processes sharing tier directories would each
@@ -107,8 +113,28 @@ impl Core {
         r
     }
 
+    /// Changes the pin set with `change` and saves it, durably. Readers of the pins (every
+    /// store resolves its chunk's pin) wait only for the change, not for the disk.
+    pub fn change_pins<T>(&self, change: impl FnOnce(&mut Vec<Pin>) -> T) -> Result<T, CacheError> {
+        let _saving = self.pins_saving.lock().unwrap_or_else(|p| p.into_inner());
+        let (out, now) = {
+            let mut pins = self.pins.write().unwrap_or_else(|p| p.into_inner());
+            let before = pins.clone();
+            let out = change(&mut pins);
+            if *pins == before {
+                return Ok(out);
+            }
+            (out, pins.clone())
+        };
+        crate::restore::save_pins(&self.state_dir, &now)?;
+        Ok(out)
+    }
+
     /// Recomputes every entry's pin after the policy or the pin set changed.
     pub fn refresh_pins(&self) {
+        // Counted before the index is taken: a store that took it first is refreshed here, and
+        // one that takes it after sees the count moved.
+        self.pin_refreshes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let mut ix = self.lock();
         for e in ix.entries.values_mut() {
             e.pin = self.resolve(&e.key.path).pin;
@@ -441,10 +467,15 @@ impl Core {
             self.metrics.write_errors.get_or_create(&metrics::tier(tier)).inc();
             CacheError::io("writing chunk into", t.root(), e)
         })?;
+        // Resolved outside the index lock: a pin change holds the pins' lock while it saves
+        // them to disk, and every read and store would wait behind this one. A refresh of the
+        // pins that ran meanwhile, before this entry was in, is caught by its count.
+        let refreshes = self.pin_refreshes.load(std::sync::atomic::Ordering::SeqCst);
+        let mut pin = self.resolve(&key.path).pin;
         let mut ix = self.lock();
-        // Under the index lock, as `refresh_pins` reads pins: a pin set while this chunk was
-        // written either is seen here or is applied to the entry once it is in.
-        let pin = self.resolve(&key.path).pin;
+        if self.pin_refreshes.load(std::sync::atomic::Ordering::SeqCst) != refreshes {
+            pin = self.resolve(&key.path).pin;
+        }
         if let Some(old) = ix.entries.get(&id) {
             if old.tier == tier {
                 // Someone else stored the same bytes meanwhile; theirs is as good as ours.

@@ -204,9 +204,14 @@ impl FsCore {
             inside.iter().flat_map(|(p, _)| [p.clone(), moved(p, from, to).unwrap_or_default()]).collect();
         t.touch(&touched.iter().map(String::as_str).collect::<Vec<_>>());
         // The moved directories themselves too: a listing of one may be on its way.
-        for p in touched {
-            let at = t.changes;
-            t.changed.insert(p, at);
+        let dirs: Vec<String> = inside
+            .iter()
+            .filter(|(_, ino)| t.by_ino.get(ino).is_some_and(|i| i.node.kind == crate::namespace::NodeKind::Dir))
+            .flat_map(|(p, _)| [p.clone(), moved(p, from, to).unwrap_or_default()])
+            .collect();
+        let at = t.changes;
+        for d in dirs {
+            t.changed.insert(d, at);
         }
         // Whatever the new names showed before (an empty directory) is replaced.
         let replaced: Vec<u64> =
