@@ -556,7 +556,10 @@ impl FsCore {
         if let Some(entries) = self.fresh_listing(parent) {
             let (ino, listed) = entries.iter().find(|(_, n)| n.name == name).ok_or(FsError::NotFound)?;
             // The inode's node: it follows this mount's writes, the listing's does not.
-            return Ok(Some(self.inode(*ino).map(|i| Self::attr(*ino, &i.node)).unwrap_or(Self::attr(*ino, listed))));
+            // Read in place: this is every lookup a data loader's workers make, and the inode
+            // (its path) need not be copied for it.
+            let t = self.inodes.read().unwrap_or_else(|p| p.into_inner());
+            return Ok(Some(Self::attr(*ino, t.by_ino.get(ino).map_or(listed, |i| &i.node))));
         }
         let key = (parent, name.to_string());
         if let Some(ino) = self.entries.get(&key)

@@ -118,6 +118,23 @@ async fn answered(asked: oneshot::Receiver<()>) {
     assert!(waited.is_ok_and(|r| r.is_ok()), "the store was never asked");
 }
 
+/// A mount whose listing of `d/e` has been answered by the store and is held there: the
+/// directory's inode, the readdir waiting on the answer, and what hands the answer on.
+async fn listing_held(
+    fs: &Arc<FsCore>,
+    store: &Holding,
+) -> (u64, tokio::task::JoinHandle<Result<Vec<(u64, NodeKind, String)>, FsError>>, oneshot::Sender<()>) {
+    let d = fs.lookup(ROOT, "d").await.unwrap().ino;
+    let e = fs.lookup(d, "e").await.unwrap().ino;
+    let (asked, go) = store.hold("d/e");
+    let listing = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.readdir(e).await }
+    });
+    answered(asked).await;
+    (e, listing, go)
+}
+
 async fn read_all(fs: &FsCore, ino: u64) -> Vec<u8> {
     let fh = fs.open(ino, false, false).unwrap();
     let got = fs.read(fh, 0, 1 << 20).await.unwrap().to_vec();
@@ -184,14 +201,7 @@ async fn a_miss_answered_before_a_create_is_not_cached() {
 async fn a_listing_answered_before_an_unlink_does_not_bring_the_name_back() {
     let dir = tempfile::tempdir().unwrap();
     let (fs, store) = holding(dir.path(), Some(Duration::from_secs(60)));
-    let d = fs.lookup(ROOT, "d").await.unwrap().ino;
-    let e = fs.lookup(d, "e").await.unwrap().ino;
-    let (asked, go) = store.hold("d/e");
-    let listing = tokio::spawn({
-        let fs = fs.clone();
-        async move { fs.readdir(e).await }
-    });
-    answered(asked).await;
+    let (e, listing, go) = listing_held(&fs, &store).await;
     fs.unlink(e, "small").await.unwrap();
     go.send(()).unwrap();
     let names: Vec<String> = listing.await.unwrap().unwrap().into_iter().map(|(_, _, n)| n).collect();
@@ -225,14 +235,7 @@ async fn a_lookup_of_a_file_being_written_keeps_what_was_written() {
 async fn a_change_in_another_directory_does_not_make_a_listing_start_over() {
     let dir = tempfile::tempdir().unwrap();
     let (fs, store) = holding(dir.path(), Some(Duration::from_secs(60)));
-    let d = fs.lookup(ROOT, "d").await.unwrap().ino;
-    let e = fs.lookup(d, "e").await.unwrap().ino;
-    let (asked, go) = store.hold("d/e");
-    let listing = tokio::spawn({
-        let fs = fs.clone();
-        async move { fs.readdir(e).await }
-    });
-    answered(asked).await;
+    let (e, listing, go) = listing_held(&fs, &store).await;
     let (_, fh) = fs.create(ROOT, "ckpt.pt").await.unwrap();
     fs.write(fh, 0, b"weights").await.unwrap();
     fs.flush(fh).await.unwrap();
