@@ -120,7 +120,7 @@ async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
     let agent = Agent::start(config).await.context("cannot start the strata daemon")?;
     let stop = strata_tiering::services::Stop::default();
     let stopped = || stop.stopped();
-    let snapshots = snapshotter_cmd::start(&agent, stopped()).await?;
+    let snapshots = snapshotter_cmd::start(&agent, &stop).await?;
     let mounts = mount_cmd::mount_declared(&agent).await;
     tokio::spawn({
         let stop = stop.clone();

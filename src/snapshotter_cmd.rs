@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use std::sync::Arc;
+use strata_snapshotter::image_proxy;
 use strata_snapshotter::lazy::Lazy;
 use strata_snapshotter::registry::Registry;
 use strata_snapshotter::registry::auth::Credentials;
@@ -10,11 +11,14 @@ use strata_snapshotter::remote::RemoteOptions;
 use strata_snapshotter::server::{self, ServeError};
 use strata_snapshotter::service::SnapshotService;
 use strata_tiering::agent::Agent;
+use strata_tiering::services::Stop;
 use tokio::task::JoinHandle;
 
-/// The running snapshotter: its server task, and its lazy layers to unmount at the end.
+/// The running snapshotter: its server task, the image service proxy's if configured, and its
+/// lazy layers to unmount at the end.
 pub struct Running {
     task: JoinHandle<Result<(), ServeError>>,
+    proxy: Option<JoinHandle<Result<(), ServeError>>>,
     lazy: Option<Arc<Lazy>>,
 }
 
@@ -22,10 +26,7 @@ pub struct Running {
 /// the config asks for it. Failing to open the store or bind the socket stops the daemon from
 /// starting: containerd would otherwise find a plugin that is configured but absent. A remote
 /// layer that cannot be mounted again is reported and does not.
-pub async fn start(
-    agent: &Agent,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<Option<Running>> {
+pub async fn start(agent: &Agent, stop: &Stop) -> anyhow::Result<Option<Running>> {
     let cfg = &agent.config.snapshotter;
     if !cfg.enabled {
         return Ok(None);
@@ -37,9 +38,21 @@ pub async fn start(
     };
     let snapshotter = Arc::new(opened.with_context(|| format!("cannot open the snapshotter at {}", root.display()))?);
     let mut service = SnapshotService::new(snapshotter.clone(), agent.cache.metrics().clone());
+    let mut proxy = None;
     let lazy = if cfg.lazy {
         let credentials = Credentials::load(&cfg.docker_config)?;
         let registry = Arc::new(Registry::new(Hosts::new(Some(&cfg.hosts_dir)), credentials));
+        if let Some(socket) = &cfg.image_service_socket {
+            let listener = server::bind(socket).await?;
+            tracing::info!(socket = %socket.display(), containerd = %cfg.containerd_socket.display(), "CRI image service serving, for kubelet's --image-service-endpoint");
+            proxy = Some(tokio::spawn(image_proxy::serve(
+                listener,
+                cfg.containerd_socket.clone(),
+                registry.keychain(),
+                agent.cache.metrics().clone(),
+                stop.stopped(),
+            )));
+        }
         let opts = RemoteOptions {
             max_toc_size: cfg.max_toc_size.0,
             memory_budget: cfg.layer_memory_budget.0,
@@ -70,7 +83,7 @@ pub async fn start(
     };
     let listener = server::bind(&cfg.socket).await?;
     tracing::info!(socket = %cfg.socket.display(), root = %root.display(), lazy = cfg.lazy, "containerd snapshotter serving");
-    Ok(Some(Running { task: tokio::spawn(server::serve(service, listener, shutdown)), lazy }))
+    Ok(Some(Running { task: tokio::spawn(server::serve(service, listener, stop.stopped())), proxy, lazy }))
 }
 
 impl Running {
@@ -121,9 +134,12 @@ impl Running {
             )
     }
 
-    /// Waits for the server to stop, then unmounts the lazy layers.
+    /// Waits for the servers to stop, then unmounts the lazy layers.
     pub async fn finish(self) -> anyhow::Result<()> {
         let served = self.task.await?;
+        if let Some(proxy) = self.proxy {
+            proxy.await?.context("the CRI image service proxy failed")?;
+        }
         if let Some(lazy) = self.lazy {
             lazy.unmount_all().await;
         }

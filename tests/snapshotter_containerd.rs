@@ -534,7 +534,8 @@ async fn a_pull_through_cri_is_lazy_too() {
     let image = format!("{}/strata/busybox:esgz", registry());
     // As kubelet does it: the CRI image service on containerd's socket.
     let channel = strata_snapshotter::server::channel(&node.containerd.address).await.unwrap();
-    let request = PullImageRequest { image: Some(ImageSpec { image: image.clone(), ..Default::default() }) };
+    let request =
+        PullImageRequest { image: Some(ImageSpec { image: image.clone(), ..Default::default() }), auth: None };
     let pulled = ImageServiceClient::new(channel).pull_image(request).await;
     let pulled =
         pulled.unwrap_or_else(|e| panic!("CRI PullImage: {e}\n{}\n{}", node.containerd.log(), node.daemon.log()));
@@ -558,6 +559,44 @@ async fn a_pull_through_cri_is_lazy_too() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(by_digest(), 1, "one manifest read by Strata, by digest, for both layers");
+}
+
+#[tokio::test]
+#[ignore = "needs root, containerd, docker-registry, htpasswd and the test registry: run by .ci/run"]
+async fn a_pull_secret_kubelet_passes_through_the_image_service_makes_the_pull_lazy() {
+    use strata_snapshotter::proto::cri::image_service_client::ImageServiceClient;
+    use strata_snapshotter::proto::cri::{AuthConfig, ImageSpec, ImageStatusRequest, PullImageRequest};
+    // A registry that turns anonymous readers away, and no login on the node: the only one is
+    // the pod's pull secret, which kubelet sends with the CRI pull, to Strata's image service.
+    let reg = AuthRegistry::start(Auth::Basic);
+    let node = Node::start_cri_with_image_service();
+    let image = format!("{}/strata/busybox:esgz", reg.addr);
+    let spec = ImageSpec { image: image.clone(), ..Default::default() };
+    let channel = strata_snapshotter::server::channel(&node.image_service()).await.unwrap();
+    let mut images = ImageServiceClient::new(channel);
+    let auth = AuthConfig { username: USER.into(), password: PASSWORD.into(), ..Default::default() };
+    let pulled = images.pull_image(PullImageRequest { image: Some(spec.clone()), auth: Some(auth) }).await;
+    let pulled = pulled
+        .unwrap_or_else(|e| panic!("CRI PullImage: {e}\n{}\n{}", node.containerd.log(), node.daemon.log()))
+        .into_inner();
+    assert!(pulled.image_ref.starts_with("sha256:"), "{pulled:?}");
+    // Without the login Strata would answer a 401, and containerd would download the layers.
+    for d in &node.layer_digests("busybox:esgz") {
+        let l = node.layer_when(d, |l| l["image"] == image.as_str());
+        assert_eq!((&l["lazy"], &l["how"]), (&true.into(), &"lazy".into()), "{l:#}");
+    }
+    assert_eq!(metric(&node, "strata_snapshotter_cri_pulls_total{login=\"kept\"}"), 1);
+    // Every other call goes on to containerd as it came: the image pulled is there.
+    let status = images.image_status(ImageStatusRequest { image: Some(spec) }).await.unwrap().into_inner();
+    let found = status.image.unwrap_or_else(|| panic!("ImageStatus found no image"));
+    assert_eq!(found.id, pulled.image_ref);
+    assert!(found.repo_tags.contains(&image), "{found:?}");
+    // The rest of each layer comes in the background, with the same login.
+    for d in &node.layer_digests("busybox:esgz") {
+        let l = node.layer_when(d, |l| l["background"] == "done");
+        assert_eq!(l["chunks_cached"], l["chunks_total"], "{l:#}");
+        assert!(l["error"].is_null(), "{l:#}");
+    }
 }
 
 #[test]

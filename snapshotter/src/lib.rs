@@ -13,6 +13,7 @@ pub mod fetch;
 pub mod fill;
 pub mod filter;
 pub mod gate;
+pub mod image_proxy;
 pub mod layer;
 pub mod lazy;
 pub mod loader;

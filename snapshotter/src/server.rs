@@ -60,14 +60,31 @@ pub async fn serve(
 
 /// A gRPC channel to the unix socket `socket`.
 pub async fn channel(socket: &Path) -> Result<Channel, tonic::transport::Error> {
-    let socket = socket.to_owned();
     // The URI is required by the API but unused: every connection goes to the socket.
-    Endpoint::from_static("http://[::1]:1")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = socket.clone();
-            async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(UnixStream::connect(socket).await?)) }
-        }))
-        .await
+    Endpoint::from_static("http://[::1]:1").connect_with_connector(unix_connector(socket)).await
+}
+
+/// A gRPC channel to `socket` that connects at its first call, and again after a failure:
+/// for a server that may start later or restart.
+pub fn lazy_channel(socket: &Path) -> Channel {
+    Endpoint::from_static("http://[::1]:1").connect_with_connector_lazy(unix_connector(socket))
+}
+
+fn unix_connector(
+    socket: &Path,
+) -> impl tower::Service<
+    tonic::codegen::http::Uri,
+    Response = hyper_util::rt::TokioIo<UnixStream>,
+    Error = std::io::Error,
+    Future = impl Future<Output = std::io::Result<hyper_util::rt::TokioIo<UnixStream>>> + Send,
+> + Clone
++ Send
++ 'static {
+    let socket = socket.to_owned();
+    tower::service_fn(move |_| {
+        let socket = socket.clone();
+        async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(UnixStream::connect(socket).await?)) }
+    })
 }
 
 /// A client of the Snapshots service at `socket`.

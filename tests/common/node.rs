@@ -8,7 +8,7 @@ use std::path::PathBuf;
 pub struct Node {
     pub daemon: Daemon,
     pub containerd: Containerd,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Node {
@@ -26,8 +26,28 @@ impl Node {
         Node::start_full("", true)
     }
 
-    pub fn start_full(extra: &str, cri: bool) -> Node {
+    /// As [`Node::start_cri`], with Strata also serving the CRI image service that kubelet
+    /// would be pointed at ([`Node::image_service`]), forwarding to this node's containerd.
+    pub fn start_cri_with_image_service() -> Node {
         let dir = tempfile::tempdir().unwrap();
+        let extra = format!(
+            "image_service_socket = \"{}\"\ncontainerd_socket = \"{}\"\n",
+            dir.path().join("image.sock").display(),
+            dir.path().join("containerd.sock").display()
+        );
+        Node::start_in(dir, &extra, true)
+    }
+
+    /// Strata's CRI image service socket, with [`Node::start_cri_with_image_service`].
+    pub fn image_service(&self) -> PathBuf {
+        self.dir.path().join("image.sock")
+    }
+
+    pub fn start_full(extra: &str, cri: bool) -> Node {
+        Node::start_in(tempfile::tempdir().unwrap(), extra, cri)
+    }
+
+    fn start_in(dir: tempfile::TempDir, extra: &str, cri: bool) -> Node {
         let socket = dir.path().join("strata-snapshotter.sock");
         let daemon = Daemon::start(
             &format!("[snapshotter]\nenabled = true\nsocket = \"{}\"\n{extra}\n", socket.display()),
@@ -35,7 +55,7 @@ impl Node {
             "1GiB",
         );
         let containerd = Containerd::start_with(dir.path(), &socket, cri);
-        Node { daemon, containerd, _dir: dir }
+        Node { daemon, containerd, dir }
     }
 
     pub fn ctr(&self, args: &[&str]) -> String {

@@ -60,6 +60,14 @@ pub struct SnapshotterConfig {
     /// Registry logins, in docker's `config.json` format.
     #[serde(default = "default_docker_config")]
     pub docker_config: PathBuf,
+    /// Serve the CRI image service here, for kubelet's `--image-service-endpoint`: each call
+    /// goes on to containerd, and the registry login of each pull (a pod's `imagePullSecrets`)
+    /// is kept for the lazy reads of its image. Off when unset.
+    #[serde(default)]
+    pub image_service_socket: Option<PathBuf>,
+    /// containerd's socket, where the image service's calls are forwarded.
+    #[serde(default = "default_containerd_socket")]
+    pub containerd_socket: PathBuf,
     /// Largest eStargz TOC accepted (decompressed); a larger one makes the layer non-lazy.
     #[serde(default = "default_max_toc")]
     pub max_toc_size: ByteSize,
@@ -103,6 +111,8 @@ impl Default for SnapshotterConfig {
             lazy: true,
             hosts_dir: default_hosts_dir(),
             docker_config: default_docker_config(),
+            image_service_socket: None,
+            containerd_socket: default_containerd_socket(),
             max_toc_size: default_max_toc(),
             layer_memory_budget: default_layer_memory(),
             prefetch_timeout: default_prefetch_timeout(),
@@ -138,6 +148,10 @@ fn default_hosts_dir() -> PathBuf {
 
 fn default_docker_config() -> PathBuf {
     "/root/.docker/config.json".into()
+}
+
+fn default_containerd_socket() -> PathBuf {
+    "/run/containerd/containerd.sock".into()
 }
 
 fn default_max_toc() -> ByteSize {
@@ -400,6 +414,20 @@ impl Config {
         {
             return err("snapshotter.root".into(), "must be an absolute path".into());
         }
+        if let Some(image) = &self.snapshotter.image_service_socket {
+            if !image.is_absolute() {
+                return err("snapshotter.image_service_socket".into(), "must be an absolute path".into());
+            }
+            if *image == self.snapshotter.socket || *image == self.snapshotter.containerd_socket {
+                return err(
+                    "snapshotter.image_service_socket".into(),
+                    "must differ from snapshotter.socket and snapshotter.containerd_socket".into(),
+                );
+            }
+            if !self.snapshotter.containerd_socket.is_absolute() {
+                return err("snapshotter.containerd_socket".into(), "must be an absolute path".into());
+            }
+        }
         if self.snapshotter.max_toc_size.0 < 1 << 20 {
             return err("snapshotter.max_toc_size".into(), "must be at least 1MiB".into());
         }
@@ -540,6 +568,13 @@ mod tests {
         assert_eq!(e.key, "snapshotter.socket");
         let e = Config::from_toml("[snapshotter]\nroot = \"r\"\n").unwrap_err();
         assert_eq!(e.key, "snapshotter.root");
+        assert_eq!(c.snapshotter.image_service_socket, None, "the image service proxy is off by default");
+        let e =
+            Config::from_toml("[snapshotter]\nimage_service_socket = \"/run/strata/snapshotter.sock\"\n").unwrap_err();
+        assert_eq!(e.key, "snapshotter.image_service_socket");
+        let e = Config::from_toml("[snapshotter]\nimage_service_socket = \"/run/i.sock\"\ncontainerd_socket = \"c\"\n")
+            .unwrap_err();
+        assert_eq!(e.key, "snapshotter.containerd_socket");
         let e = Config::from_toml("[snapshotter]\nenable = true\n").unwrap_err();
         assert_eq!(e.key, "snapshotter.enable");
         assert_eq!(c.snapshotter.prefetch_wait, PrefetchWait::Read);

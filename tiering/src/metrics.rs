@@ -39,6 +39,7 @@ pub const LAYER_CHUNK_REJECTS: &str = "strata_snapshotter_chunks_rejected";
 pub const PREFETCH_WAIT_SECONDS: &str = "strata_snapshotter_prefetch_wait_seconds";
 pub const LOADER_FILES: &str = "strata_snapshotter_loader_files_fetched_ahead";
 pub const EARLY_CHUNKS: &str = "strata_snapshotter_chunks_asked_before_toc_parsed";
+pub const CRI_PULLS: &str = "strata_snapshotter_cri_pulls";
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TierLabel {
@@ -66,6 +67,14 @@ pub struct SnapshotRequestLabel {
 pub struct LayerLabel {
     /// `lazy` (mounted from the registry) or `downloaded` (containerd fetched it whole).
     pub how: &'static str,
+}
+
+/// A CRI image pull that kubelet sent through the image service proxy.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CriPullLabel {
+    /// `kept` (its login is used for the image's lazy reads), `none` (it came without one) or
+    /// `unusable` (a login Strata cannot use: token-only, or not decodable).
+    pub login: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -115,6 +124,8 @@ pub struct Metrics {
     pub loader_files: Counter,
     /// Chunks of lazy layers whose fetch took a request made before the layer's TOC was parsed.
     pub early_chunks: Counter,
+    /// CRI pulls seen by the image service proxy, by what became of their login.
+    pub cri_pulls: Family<CriPullLabel, Counter>,
     /// All evictions, whatever the tier and reason; for status output.
     pub evicted_chunks: Counter,
 }
@@ -218,6 +229,11 @@ impl Metrics {
             EARLY_CHUNKS,
             "Chunks of lazy layers (the image's program's) fetched by a request made while the layer's TOC was still being parsed",
             self.early_chunks.clone(),
+        );
+        r.register(
+            CRI_PULLS,
+            "CRI image pulls kubelet sent through Strata's image service proxy, by whether their registry login was kept for the image's lazy reads",
+            self.cri_pulls.clone(),
         );
         r.register(
             PREFETCH_WAIT_SECONDS,

@@ -119,7 +119,7 @@ fn modified(path: &Path) -> Option<SystemTime> {
 
 /// `https://index.docker.io/v1/` and friends are keys for `docker.io`; other keys may carry a
 /// scheme or a path that the host alone identifies.
-fn normalise_host(key: &str) -> String {
+pub(super) fn normalise_host(key: &str) -> String {
     let k = key.trim_start_matches("https://").trim_start_matches("http://");
     let k = k.split('/').next().unwrap_or(k);
     match k {

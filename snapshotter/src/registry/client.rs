@@ -5,6 +5,7 @@
 use super::RegistryError;
 use super::auth::{Challenge, Credentials, Login, fetch_token, parse_challenge};
 use super::hosts::{Endpoint, Hosts};
+use super::keychain::Keychain;
 use super::range_stream::{RangeStream, collect, collect_seen, ended_early};
 use super::reference::ImageRef;
 use bytes::Bytes;
@@ -14,7 +15,7 @@ use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const MANIFEST_TYPES: &str = "application/vnd.oci.image.index.v1+json, \
@@ -92,6 +93,8 @@ pub struct Registry {
     hosts: Hosts,
     /// Read again when its file changes, at the next challenge.
     credentials: Mutex<Credentials>,
+    /// Logins kubelet passed with CRI pulls, which win over `credentials`, as in containerd.
+    keychain: Arc<Keychain>,
     /// One HTTP client per TLS setting in use (skip_verify, extra CAs), each with its own pool.
     clients: Mutex<HashMap<(bool, Vec<PathBuf>), reqwest::Client>>,
     /// Authorization headers that worked, by endpoint base and repository.
@@ -117,18 +120,28 @@ impl Registry {
         Registry {
             hosts,
             credentials: Mutex::new(credentials),
+            keychain: Arc::default(),
             clients: Mutex::new(clients),
             auth: Mutex::new(HashMap::new()),
         }
     }
 
-    /// The login for registry `host`, from config.json as it is now.
-    fn login(&self, host: &str) -> Option<Login> {
+    /// Where the image service proxy keeps the logins of CRI pulls for this client.
+    pub fn keychain(&self) -> Arc<Keychain> {
+        self.keychain.clone()
+    }
+
+    /// The login to send `host` for `image`, and where it came from: a CRI pull's login for
+    /// the repository, else config.json's for the host, as the file is now.
+    fn login(&self, image: &ImageRef, host: &str) -> Option<(Login, &'static str)> {
+        if let Some(l) = self.keychain.login(image, host) {
+            return Some((l, "the login kubelet passed with the image's CRI pull"));
+        }
         let mut credentials = self.credentials.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(fresh) = credentials.reloaded() {
             *credentials = fresh;
         }
-        credentials.login(host).cloned()
+        credentials.login(host).cloned().map(|l| (l, "docker config.json"))
     }
 
     /// The client for `ep`'s TLS settings. Its CA files are read when first needed, so a bad
@@ -551,20 +564,23 @@ impl Registry {
             // The login of the host asked, as containerd picks it: a mirror has its own, and is
             // never sent the upstream registry's.
             let asked = origin(&ep.base);
-            let login = self.login(asked);
+            let login = self.login(image, asked);
             let header = match challenge {
                 Some(Challenge::Basic) => match &login {
-                    Some(l) => l.basic_header(),
+                    Some((l, _)) => l.basic_header(),
                     None => {
                         return Err(RegistryError::Auth {
                             url,
-                            reason: "the registry wants a login, and none is configured for this host".into(),
+                            reason: "the registry wants a login, and neither a CRI pull nor config.json gave one for this host".into(),
                         });
                     }
                 },
                 Some(Challenge::Bearer { realm, service, scope }) => {
                     let scope = scope.unwrap_or_else(|| format!("repository:{}:pull", image.repository));
-                    format!("Bearer {}", fetch_token(client, &realm, service.as_deref(), &scope, login.as_ref()).await?)
+                    format!(
+                        "Bearer {}",
+                        fetch_token(client, &realm, service.as_deref(), &scope, login.as_ref().map(|(l, _)| l)).await?
+                    )
                 }
                 None => {
                     return Err(RegistryError::Auth {
@@ -576,7 +592,7 @@ impl Registry {
             resp = attempt(Some(header.clone())).await.map_err(http)?;
             if resp.status() == StatusCode::UNAUTHORIZED {
                 let whose = match login {
-                    Some(_) => format!("the login for {asked} (docker config.json)"),
+                    Some((_, from)) => format!("the login for {asked} ({from})"),
                     None => "an anonymous token".to_owned(),
                 };
                 return Err(RegistryError::Auth { url, reason: format!("401 Unauthorized: {whose} was refused") });
@@ -726,6 +742,40 @@ mod tests {
         write("new-token", start + Duration::from_secs(5));
         let got = reg.blob_range(&image, &digest, 0..4).await.unwrap();
         assert_eq!(&got[..], b"abcd");
+    }
+
+    /// The login kubelet passed with the image's CRI pull is sent for that repository, before
+    /// config.json's for the host; another repository of the host still gets config.json's.
+    #[tokio::test]
+    async fn a_cri_pull_login_wins_for_its_repository() {
+        use super::*;
+        use base64::Engine;
+        let header = |l: &str| format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(l));
+        let (pod, node) = (header("pod:secret"), header("node:other"));
+        let ok = "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-3/10\r\nContent-Length: 4\r\n\
+                  Connection: close\r\n\r\nabcd";
+        let refused = "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"r\"\r\nContent-Length: 0\r\n\
+                       Connection: close\r\n\r\n";
+        // Each repository takes only its own login.
+        let (addr, _) = serve_by(6, move |head| {
+            let sent = head
+                .lines()
+                .find_map(|l| l.strip_prefix("authorization: ").or(l.strip_prefix("Authorization: ")))
+                .unwrap_or("");
+            let private = head.contains("/v2/team/private/");
+            if (private && sent == pod) || (!private && sent == node) { ok } else { refused }
+        });
+        let credentials =
+            Credentials::default().with_login(&addr, Login { username: "node".into(), password: "other".into() });
+        let reg = Registry::new(Hosts::new(None), credentials);
+        let private = ImageRef::parse(&format!("{addr}/team/private:1")).unwrap();
+        let digest = format!("sha256:{}", "d".repeat(64));
+        let e = reg.blob_range(&private, &digest, 0..4).await.unwrap_err().to_string();
+        assert!(e.contains("(docker config.json) was refused"), "{e}");
+        reg.keychain().remember(&private, Login { username: "pod".into(), password: "secret".into() }, "");
+        assert_eq!(&reg.blob_range(&private, &digest, 0..4).await.unwrap()[..], b"abcd");
+        let public = ImageRef::parse(&format!("{addr}/team/public:1")).unwrap();
+        assert_eq!(&reg.blob_range(&public, &digest, 0..4).await.unwrap()[..], b"abcd");
     }
 
     /// A pull-through mirror that answers a ranged read with the whole blob (200, as one
