@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const MANIFEST_TYPES: &str = "application/vnd.oci.image.index.v1+json, \
     application/vnd.oci.image.manifest.v1+json, \
@@ -99,6 +99,9 @@ pub struct Registry {
     clients: Mutex<HashMap<(bool, Vec<PathBuf>), reqwest::Client>>,
     /// Authorization headers that worked, by endpoint base and repository.
     auth: Mutex<HashMap<(String, String), String>>,
+    /// Endpoints that failed for a passing reason, by base, and until when they are asked
+    /// after the others.
+    down: Mutex<HashMap<String, Instant>>,
 }
 
 /// The OCI architecture name of this machine.
@@ -123,6 +126,7 @@ impl Registry {
             keychain: Arc::default(),
             clients: Mutex::new(clients),
             auth: Mutex::new(HashMap::new()),
+            down: Mutex::new(HashMap::new()),
         }
     }
 
@@ -506,16 +510,22 @@ impl Registry {
             })
             .collect();
         let mut last = None;
-        for ep in &endpoints {
+        for ep in self.up_first(&endpoints) {
             match self.send_to(ep, image, path, method.clone(), build).await {
                 Ok(resp) => match refuse(&resp) {
-                    None => return Ok(resp),
+                    None => {
+                        self.down.lock().unwrap_or_else(|p| p.into_inner()).remove(&ep.base);
+                        return Ok(resp);
+                    }
                     Some(e) => {
                         tracing::debug!(endpoint = %ep.base, error = %e, "registry endpoint answered wrongly; trying the next");
                         last = Some(e);
                     }
                 },
                 Err(e) => {
+                    if endpoints.len() > 1 && passes(&e) {
+                        self.mark_down(ep, &e);
+                    }
                     tracing::debug!(endpoint = %ep.base, error = %e, "registry endpoint failed; trying the next");
                     last = Some(e);
                 }
@@ -528,6 +538,25 @@ impl Registry {
                 path: "hosts.toml".into(),
                 reason: format!("no endpoint of {} may {need:?}", image.host).to_lowercase(),
             }),
+        }
+    }
+
+    /// `endpoints` in their order, those that failed lately last: a mirror that is down (a
+    /// blackholed one costs the connect timeout, 10 s) is not waited on by every lazy read
+    /// while the registry behind it answers. It is still asked when all else fails, and is
+    /// asked first again once its pause is over.
+    fn up_first<'e>(&self, endpoints: &'e [Endpoint]) -> Vec<&'e Endpoint> {
+        let now = Instant::now();
+        let mut down = self.down.lock().unwrap_or_else(|p| p.into_inner());
+        down.retain(|_, until| *until > now);
+        let (up, later): (Vec<_>, Vec<_>) = endpoints.iter().partition(|e| !down.contains_key(&e.base));
+        up.into_iter().chain(later).collect()
+    }
+
+    fn mark_down(&self, ep: &Endpoint, e: &RegistryError) {
+        let mut down = self.down.lock().unwrap_or_else(|p| p.into_inner());
+        if down.insert(ep.base.clone(), Instant::now() + DOWN_FOR).is_none() {
+            tracing::warn!(endpoint = %ep.base, error = %e, pause = ?DOWN_FOR, "registry endpoint failed; asking the others first for a while");
         }
     }
 
@@ -610,6 +639,9 @@ impl Registry {
         Err(RegistryError::Status { url, status, detail })
     }
 }
+
+/// How long an endpoint that failed for a passing reason is asked after the others.
+const DOWN_FOR: Duration = Duration::from_secs(30);
 
 /// Tries of a read whose failure passes, and the pause before the second (four times longer
 /// before each later one).
@@ -803,6 +835,33 @@ mod tests {
         assert_eq!(&got[..], b"abcd");
         let asked = |n: &std::sync::atomic::AtomicUsize| n.load(std::sync::atomic::Ordering::SeqCst);
         assert_eq!((asked(&asked_mirror), asked(&asked_server)), (1, 1));
+    }
+
+    /// A mirror that fails (503 here; a blackholed one costs the connect timeout) is asked
+    /// after the registry for a while, not before every read.
+    #[tokio::test]
+    async fn a_mirror_that_failed_is_asked_last_for_a_while() {
+        use super::*;
+        let unavailable = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        let ok = "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-3/10\r\nContent-Length: 4\r\n\
+                  Connection: close\r\n\r\nabcd";
+        let (mirror, asked_mirror) = serve(vec![unavailable, unavailable, unavailable]);
+        let (server, asked_server) = serve(vec![ok, ok, ok]);
+        let hosts = tempfile::tempdir().unwrap();
+        std::fs::create_dir(hosts.path().join("registry.test")).unwrap();
+        std::fs::write(
+            hosts.path().join("registry.test/hosts.toml"),
+            format!("server = \"http://{server}\"\n[host.\"http://{mirror}\"]\n  capabilities = [\"pull\"]\n"),
+        )
+        .unwrap();
+        let reg = Registry::new(Hosts::new(Some(hosts.path())), Credentials::default());
+        let image = ImageRef::parse("registry.test/strata/x:1").unwrap();
+        let digest = format!("sha256:{}", "e".repeat(64));
+        for _ in 0..3 {
+            assert_eq!(&reg.blob_range(&image, &digest, 0..4).await.unwrap()[..], b"abcd");
+        }
+        let asked = |n: &std::sync::atomic::AtomicUsize| n.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!((asked(&asked_mirror), asked(&asked_server)), (1, 3));
     }
 
     /// A registry that is overloaded for a moment (503, then 502 from a proxy in front of it)
