@@ -6,7 +6,7 @@ use super::RegistryError;
 use super::auth::{Challenge, Credentials, Login, fetch_token, parse_challenge};
 use super::hosts::{Endpoint, Hosts};
 use super::keychain::Keychain;
-use super::range_stream::{RangeStream, collect, collect_seen, ended_early};
+use super::range_stream::{RangeStream, Resume, collect, collect_seen, ended_early};
 use super::reference::ImageRef;
 use bytes::Bytes;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_LENGTH, CONTENT_RANGE, RANGE, WWW_AUTHENTICATE};
@@ -87,9 +87,15 @@ pub enum Need {
     Push,
 }
 
-/// A registry client for every host, with the node's `hosts.toml` and logins.
-#[derive(Debug)]
+/// A registry client for every host, with the node's `hosts.toml` and logins. Clones share
+/// everything: connections, tokens, logins.
+#[derive(Debug, Clone)]
 pub struct Registry {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
     hosts: Hosts,
     /// Read again when its file changes, at the next challenge.
     credentials: Mutex<Credentials>,
@@ -121,27 +127,29 @@ impl Registry {
         // fails, the first request that needs it reports why.
         let clients = build_client(false, Vec::new()).map(|c| ((false, Vec::new()), c)).into_iter().collect();
         Registry {
-            hosts,
-            credentials: Mutex::new(credentials),
-            keychain: Arc::default(),
-            clients: Mutex::new(clients),
-            auth: Mutex::new(HashMap::new()),
-            down: Mutex::new(HashMap::new()),
+            inner: Arc::new(Inner {
+                hosts,
+                credentials: Mutex::new(credentials),
+                keychain: Arc::default(),
+                clients: Mutex::new(clients),
+                auth: Mutex::new(HashMap::new()),
+                down: Mutex::new(HashMap::new()),
+            }),
         }
     }
 
     /// Where the image service proxy keeps the logins of CRI pulls for this client.
     pub fn keychain(&self) -> Arc<Keychain> {
-        self.keychain.clone()
+        self.inner.keychain.clone()
     }
 
     /// The login to send `host` for `image`, and where it came from: a CRI pull's login for
     /// the repository, else config.json's for the host, as the file is now.
     fn login(&self, image: &ImageRef, host: &str) -> Option<(Login, &'static str)> {
-        if let Some(l) = self.keychain.login(image, host) {
+        if let Some(l) = self.inner.keychain.login(image, host) {
             return Some((l, "the login kubelet passed with the image's CRI pull"));
         }
-        let mut credentials = self.credentials.lock().unwrap_or_else(|p| p.into_inner());
+        let mut credentials = self.inner.credentials.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(fresh) = credentials.reloaded() {
             *credentials = fresh;
         }
@@ -152,7 +160,7 @@ impl Registry {
     /// one fails the reads of that host with the file's name, not the whole daemon.
     fn client_for(&self, ep: &Endpoint) -> Result<reqwest::Client, RegistryError> {
         let key = (ep.skip_verify, ep.ca.clone());
-        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        let mut clients = self.inner.clients.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = clients.get(&key) {
             return Ok(c.clone());
         }
@@ -355,8 +363,24 @@ impl Registry {
     }
 
     /// Bytes `range` of blob `digest` (not empty) as they arrive: exactly those bytes, or an
-    /// error from [`RangeStream::next`].
+    /// error from [`RangeStream::next`]. A body that breaks off is asked for again from where
+    /// it stopped, twice at most: a lazy read that fails is an I/O error in a running
+    /// container.
     pub async fn blob_range_stream(
+        &self,
+        image: &ImageRef,
+        digest: &str,
+        range: Range<u64>,
+    ) -> Result<RangeStream, RegistryError> {
+        let stream = self.blob_range_once(image, digest, range).await?;
+        let (registry, image, digest) = (self.clone(), image.clone(), digest.to_owned());
+        Ok(stream.resuming(Resume::new(move |rest| {
+            let (registry, image, digest) = (registry.clone(), image.clone(), digest.clone());
+            Box::pin(async move { registry.blob_range_once(&image, &digest, rest).await })
+        })))
+    }
+
+    async fn blob_range_once(
         &self,
         image: &ImageRef,
         digest: &str,
@@ -430,7 +454,8 @@ impl Registry {
     /// /v2/` whatever it answers, so that a request made while another is in flight does not
     /// wait for a handshake. The answer is read whole, which leaves the connection pooled.
     pub async fn preconnect(&self, image: &ImageRef) {
-        let Some(ep) = self.hosts.endpoints(&image.host).ok().and_then(|eps| eps.into_iter().find(|e| e.pull)) else {
+        let Some(ep) = self.inner.hosts.endpoints(&image.host).ok().and_then(|eps| eps.into_iter().find(|e| e.pull))
+        else {
             return;
         };
         let Ok(client) = self.client_for(&ep) else { return };
@@ -500,6 +525,7 @@ impl Registry {
         refuse: &impl Fn(&reqwest::Response) -> Option<RegistryError>,
     ) -> Result<reqwest::Response, RegistryError> {
         let endpoints: Vec<Endpoint> = self
+            .inner
             .hosts
             .endpoints(&image.host)?
             .into_iter()
@@ -514,7 +540,7 @@ impl Registry {
             match self.send_to(ep, image, path, method.clone(), build).await {
                 Ok(resp) => match refuse(&resp) {
                     None => {
-                        self.down.lock().unwrap_or_else(|p| p.into_inner()).remove(&ep.base);
+                        self.inner.down.lock().unwrap_or_else(|p| p.into_inner()).remove(&ep.base);
                         return Ok(resp);
                     }
                     Some(e) => {
@@ -547,14 +573,14 @@ impl Registry {
     /// asked first again once its pause is over.
     fn up_first<'e>(&self, endpoints: &'e [Endpoint]) -> Vec<&'e Endpoint> {
         let now = Instant::now();
-        let mut down = self.down.lock().unwrap_or_else(|p| p.into_inner());
+        let mut down = self.inner.down.lock().unwrap_or_else(|p| p.into_inner());
         down.retain(|_, until| *until > now);
         let (up, later): (Vec<_>, Vec<_>) = endpoints.iter().partition(|e| !down.contains_key(&e.base));
         up.into_iter().chain(later).collect()
     }
 
     fn mark_down(&self, ep: &Endpoint, e: &RegistryError) {
-        let mut down = self.down.lock().unwrap_or_else(|p| p.into_inner());
+        let mut down = self.inner.down.lock().unwrap_or_else(|p| p.into_inner());
         if down.insert(ep.base.clone(), Instant::now() + DOWN_FOR).is_none() {
             tracing::warn!(endpoint = %ep.base, error = %e, pause = ?DOWN_FOR, "registry endpoint failed; asking the others first for a while");
         }
@@ -577,7 +603,7 @@ impl Registry {
             format!("{}/{}{}", ep.base, image.repository, path)
         };
         let key = (ep.base.clone(), image.repository.clone());
-        let cached = self.auth.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
+        let cached = self.inner.auth.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
         let attempt = |auth: Option<String>| {
             let mut req = build(client.request(method.clone(), &url));
             if let Some(a) = auth {
@@ -626,7 +652,7 @@ impl Registry {
                 };
                 return Err(RegistryError::Auth { url, reason: format!("401 Unauthorized: {whose} was refused") });
             }
-            self.auth.lock().unwrap_or_else(|p| p.into_inner()).insert(key, header);
+            self.inner.auth.lock().unwrap_or_else(|p| p.into_inner()).insert(key, header);
         }
         if resp.status().is_success() {
             return Ok(resp);
@@ -835,6 +861,51 @@ mod tests {
         assert_eq!(&got[..], b"abcd");
         let asked = |n: &std::sync::atomic::AtomicUsize| n.load(std::sync::atomic::Ordering::SeqCst);
         assert_eq!((asked(&asked_mirror), asked(&asked_server)), (1, 1));
+    }
+
+    /// A body that breaks off mid-transfer is asked for again from where it stopped, and the
+    /// bytes read are the blob's; a third break is the reader's error.
+    #[tokio::test]
+    async fn a_range_whose_body_breaks_off_goes_on_where_it_stopped() {
+        use super::*;
+        // Content-Length says 10 bytes, and the connection closes after 4.
+        let cut = "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-9/10\r\nContent-Length: 10\r\n\
+                   Connection: close\r\n\r\nabcd";
+        let rest = "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 4-9/10\r\nContent-Length: 6\r\n\
+                    Connection: close\r\n\r\nefghij";
+        let wrong = "HTTP/1.1 416 Range Not Satisfiable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        let (addr, taken) = serve_by(2, move |head| {
+            let range = head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("range: ").map(str::to_owned));
+            match range.as_deref() {
+                Some("bytes=0-9") => cut,
+                Some("bytes=4-9") => rest,
+                _ => wrong,
+            }
+        });
+        let reg = Registry::new(Hosts::new(None), Credentials::default());
+        let image = ImageRef::parse(&format!("{addr}/strata/x:1")).unwrap();
+        let digest = format!("sha256:{}", "f".repeat(64));
+        assert_eq!(&reg.blob_range(&image, &digest, 0..10).await.unwrap()[..], b"abcdefghij");
+        assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 2);
+
+        // Every answer, for whatever range, breaks off after 2 bytes.
+        let (addr, taken) = serve_by(4, |head| {
+            let range =
+                head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("range: bytes=").map(str::to_owned));
+            let (start, end) = range.as_deref().and_then(|r| r.split_once('-')).unwrap();
+            let (start, end): (usize, usize) = (start.parse().unwrap(), end.parse().unwrap());
+            let body = &"abcdefghij"[start..start + 2];
+            let answer = format!(
+                "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {start}-{end}/10\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{body}",
+                end + 1 - start
+            );
+            Box::leak(answer.into_boxed_str())
+        });
+        let image = ImageRef::parse(&format!("{addr}/strata/x:1")).unwrap();
+        let e = reg.blob_range(&image, &digest, 0..10).await.unwrap_err().to_string();
+        assert!(e.contains("after 6 of 10 bytes"), "{e}");
+        assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 3, "asked again twice, then the error");
     }
 
     /// A mirror that fails (503 here; a blackholed one costs the connect timeout) is asked

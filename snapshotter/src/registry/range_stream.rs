@@ -1,7 +1,8 @@
 //! The body of a ranged blob read as it arrives, held to exactly the range asked for. A range
 //! asked for before its reader is ready (a layer's prefetch region, requested while its TOC is
 //! still being parsed) can be read off the wire meanwhile into a bounded buffer, so the link is
-//! busy from the first byte instead of stalling once the socket's buffer is full.
+//! busy from the first byte instead of stalling once the socket's buffer is full. A body that
+//! breaks off is asked for again from where it stopped, when its maker says how.
 
 use super::RegistryError;
 use bytes::Bytes;
@@ -16,6 +17,33 @@ pub struct RangeStream {
     url: String,
     range: Range<u64>,
     got: u64,
+    resume: Option<Resume>,
+}
+
+/// Times a stream asks for the rest of its range after its body broke off.
+const RESUMES: u32 = 2;
+
+type Rest = std::pin::Pin<Box<dyn Future<Output = Result<RangeStream, RegistryError>> + Send>>;
+
+/// Asks for bytes `from..end` of the same blob, as a stream of their own: how a body that
+/// broke off (a connection reset mid-transfer, a proxy's idle timeout) goes on where it
+/// stopped. The bytes are content-addressed, so the rest may come from another connection,
+/// or another endpoint, and still fit.
+pub(super) struct Resume {
+    ask: Box<dyn FnMut(Range<u64>) -> Rest + Send>,
+    left: u32,
+}
+
+impl std::fmt::Debug for Resume {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resume").field("left", &self.left).finish()
+    }
+}
+
+impl Resume {
+    pub(super) fn new(ask: impl FnMut(Range<u64>) -> Rest + Send + 'static) -> Resume {
+        Resume { ask: Box::new(ask), left: RESUMES }
+    }
 }
 
 /// One item of a read-ahead: what the wire gave, and the buffer room it holds.
@@ -44,7 +72,13 @@ impl Drop for Reader {
 
 impl RangeStream {
     pub(super) fn new(resp: reqwest::Response, url: String, range: Range<u64>) -> RangeStream {
-        RangeStream { body: Body::Wire(resp), url, range, got: 0 }
+        RangeStream { body: Body::Wire(resp), url, range, got: 0, resume: None }
+    }
+
+    /// This stream, asking `resume` for the rest of its range if its body breaks off.
+    pub(super) fn resuming(mut self, resume: Resume) -> RangeStream {
+        self.resume = Some(resume);
+        self
     }
 
     /// The blob bytes this stream holds.
@@ -57,35 +91,63 @@ impl RangeStream {
     /// sends.
     pub async fn next(&mut self) -> Result<Option<Bytes>, RegistryError> {
         let want = self.range.end - self.range.start;
-        let bad = |got: String| RegistryError::Range {
-            url: self.url.clone(),
-            start: self.range.start,
-            end: self.range.end,
-            got,
-        };
-        match &mut self.body {
-            Body::Wire(resp) => {
-                match resp.chunk().await.map_err(|e| ended_early(&self.url, self.got, Some(want), &e))? {
-                    Some(piece) if self.got + piece.len() as u64 > want => Err(bad(format!("more than {want} bytes"))),
-                    Some(piece) => {
-                        self.got += piece.len() as u64;
-                        Ok(Some(piece))
+        loop {
+            let bad = |got: String| RegistryError::Range {
+                url: self.url.clone(),
+                start: self.range.start,
+                end: self.range.end,
+                got,
+            };
+            let failure = match &mut self.body {
+                Body::Wire(resp) => match resp.chunk().await {
+                    Ok(Some(piece)) if self.got + piece.len() as u64 > want => {
+                        return Err(bad(format!("more than {want} bytes")));
                     }
-                    None if self.got != want => Err(bad(format!("{} bytes", self.got))),
-                    None => Ok(None),
+                    Ok(Some(piece)) => {
+                        self.got += piece.len() as u64;
+                        return Ok(Some(piece));
+                    }
+                    Ok(None) if self.got == want => return Ok(None),
+                    Ok(None) => bad(format!("{} bytes", self.got)),
+                    Err(e) => ended_early(&self.url, self.got, Some(want), &e),
+                },
+                // The reader applies the checks above; it only ever ends early by being stopped.
+                Body::Ahead { rx, room, .. } => {
+                    return match rx.recv().await {
+                        Some((item, held)) => {
+                            room.add_permits(held);
+                            if let Ok(Some(piece)) = &item {
+                                self.got += piece.len() as u64;
+                            }
+                            item
+                        }
+                        None => Err(bad(format!("{} bytes before its read-ahead stopped", self.got))),
+                    };
                 }
+            };
+            if !self.resume_after(&failure).await {
+                return Err(failure);
             }
-            // The reader applies the checks above; it only ever ends early by being stopped.
-            Body::Ahead { rx, room, .. } => match rx.recv().await {
-                Some((item, held)) => {
-                    room.add_permits(held);
-                    if let Ok(Some(piece)) = &item {
-                        self.got += piece.len() as u64;
-                    }
-                    item
-                }
-                None => Err(bad(format!("{} bytes before its read-ahead stopped", self.got))),
-            },
+        }
+    }
+
+    /// Asks for the rest of the range after `failure` broke the body off, if this stream may;
+    /// whether the rest is now on its way.
+    async fn resume_after(&mut self, failure: &RegistryError) -> bool {
+        let Some(resume) = self.resume.as_mut().filter(|r| r.left > 0) else { return false };
+        resume.left -= 1;
+        let rest = self.range.start + self.got..self.range.end;
+        tracing::debug!(url = %self.url, from = rest.start, error = %failure, "a ranged read broke off; asking for the rest");
+        match (resume.ask)(rest).await {
+            Ok(RangeStream { body: Body::Wire(resp), .. }) => {
+                self.body = Body::Wire(resp);
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                tracing::debug!(url = %self.url, error = %e, "asking for the rest of a ranged read failed");
+                false
+            }
         }
     }
 
@@ -116,7 +178,7 @@ impl RangeStream {
                 }
             }
         });
-        RangeStream { body: Body::Ahead { rx, room, _reader: Reader(task) }, url, range, got: 0 }
+        RangeStream { body: Body::Ahead { rx, room, _reader: Reader(task) }, url, range, got: 0, resume: None }
     }
 }
 
