@@ -14,6 +14,13 @@ use strata_tiering::agent::Agent;
 use strata_tiering::services::Stop;
 use tokio::task::JoinHandle;
 
+/// Where the logins of CRI pulls are kept across restarts, in the snapshotter's root.
+const CRI_LOGINS_FILE: &str = "cri-logins.json";
+
+/// How long a stop waits for kubelet's calls in flight (a pull may take minutes) before it
+/// cuts them: kubelet retries, and the lazy layers must be unmounted in systemd's stop time.
+const PROXY_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The running snapshotter: its server task, the image service proxy's if configured, and its
 /// lazy layers to unmount at the end.
 pub struct Running {
@@ -43,6 +50,7 @@ pub async fn start(agent: &Agent, stop: &Stop) -> anyhow::Result<Option<Running>
         let credentials = Credentials::load(&cfg.docker_config)?;
         let registry = Arc::new(Registry::new(Hosts::new(Some(&cfg.hosts_dir)), credentials));
         if let Some(socket) = &cfg.image_service_socket {
+            registry.keychain().keep_in(&root.join(CRI_LOGINS_FILE));
             let listener = server::bind(socket).await?;
             tracing::info!(socket = %socket.display(), containerd = %cfg.containerd_socket.display(), "CRI image service serving, for kubelet's --image-service-endpoint");
             proxy = Some(tokio::spawn(image_proxy::serve(
@@ -137,8 +145,14 @@ impl Running {
     /// Waits for the servers to stop, then unmounts the lazy layers.
     pub async fn finish(self) -> anyhow::Result<()> {
         let served = self.task.await?;
-        if let Some(proxy) = self.proxy {
-            proxy.await?.context("the CRI image service proxy failed")?;
+        if let Some(mut proxy) = self.proxy {
+            match tokio::time::timeout(PROXY_STOP_GRACE, &mut proxy).await {
+                Ok(done) => done?.context("the CRI image service proxy failed")?,
+                Err(_) => {
+                    tracing::info!("kubelet's calls still in flight at stop are cut; kubelet retries them");
+                    proxy.abort();
+                }
+            }
         }
         if let Some(lazy) = self.lazy {
             lazy.unmount_all().await;

@@ -462,11 +462,25 @@ fn after_a_restart_lazy_layers_mount_again_for_new_containers() {
     node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "before", "true"]);
     node.daemon.kill9();
     node.daemon.spawn();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let out = loop {
-        let out = node.containerd.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "after", "cat", "/etc/motd"]);
+    assert_eq!(motd_after_restart(&node, common::containerd::NAMESPACE, &image), "strata layer two\n");
+}
+
+/// `/etc/motd` of a new container of `image` (in containerd namespace `namespace`), once the
+/// restarted daemon serves the layers again (at most 30 s).
+fn motd_after_restart(node: &Node, namespace: &str, image: &str) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    // runc's state is shared by the tests' containerds, so names differ.
+    let name = format!("after-restart-{namespace}");
+    loop {
+        let out = std::process::Command::new("ctr")
+            .arg("--address")
+            .arg(&node.containerd.address)
+            .args(["-n", namespace, "run", "--rm", "--snapshotter", "strata", image, &name])
+            .args(["cat", "/etc/motd"])
+            .output()
+            .unwrap();
         if out.status.success() {
-            break String::from_utf8(out.stdout).unwrap();
+            return String::from_utf8(out.stdout).unwrap();
         }
         assert!(
             std::time::Instant::now() < deadline,
@@ -474,9 +488,8 @@ fn after_a_restart_lazy_layers_mount_again_for_new_containers() {
             String::from_utf8_lossy(&out.stderr),
             node.daemon.log()
         );
-        std::thread::sleep(std::time::Duration::from_millis(500));
-    };
-    assert_eq!(out, "strata layer two\n");
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 #[test]
@@ -569,7 +582,7 @@ async fn a_pull_secret_kubelet_passes_through_the_image_service_makes_the_pull_l
     // A registry that turns anonymous readers away, and no login on the node: the only one is
     // the pod's pull secret, which kubelet sends with the CRI pull, to Strata's image service.
     let reg = AuthRegistry::start(Auth::Basic);
-    let node = Node::start_cri_with_image_service();
+    let mut node = Node::start_cri_with_image_service();
     let image = format!("{}/strata/busybox:esgz", reg.addr);
     let spec = ImageSpec { image: image.clone(), ..Default::default() };
     let channel = strata_snapshotter::server::channel(&node.image_service()).await.unwrap();
@@ -596,6 +609,26 @@ async fn a_pull_secret_kubelet_passes_through_the_image_service_makes_the_pull_l
         let l = node.layer_when(d, |l| l["background"] == "done");
         assert_eq!(l["chunks_cached"], l["chunks_total"], "{l:#}");
         assert!(l["error"].is_null(), "{l:#}");
+    }
+
+    // A pod with a wrong secret fails its pull, and its login does not replace the one that
+    // works.
+    let wrong = AuthConfig { username: USER.into(), password: "not-the-password".into(), ..Default::default() };
+    let spec = ImageSpec { image: image.clone(), ..Default::default() };
+    let failed = images.pull_image(PullImageRequest { image: Some(spec), auth: Some(wrong) }).await;
+    assert!(failed.is_err(), "a pull with a wrong password fails");
+    assert_eq!(metric(&node, "strata_snapshotter_cri_pulls_total{login=\"failed\"}"), 1);
+
+    // After a restart the layers are mounted again, and read, with the login kept on disk:
+    // kubelet does not pull an image it has again.
+    node.daemon.kill9();
+    node.daemon.spawn();
+    assert_eq!(motd_after_restart(&node, "k8s.io", &image), "strata layer two\n");
+    let log = node.daemon.log();
+    assert!(!log.contains("not mounted at start-up"), "{log}");
+    for d in &node.layer_digests("busybox:esgz") {
+        let l = node.layer_when(d, |l| l["image"] == image.as_str());
+        assert_eq!(l["lazy"], true, "{l:#}");
     }
 }
 

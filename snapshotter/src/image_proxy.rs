@@ -9,7 +9,7 @@
 
 use crate::proto::cri::PullImageRequest;
 use crate::registry::ImageRef;
-use crate::registry::keychain::{Keychain, login_of};
+use crate::registry::keychain::{Keychain, Remembered, login_of};
 use http_body_util::{BodyExt, Full, Limited};
 use prost::Message;
 use std::convert::Infallible;
@@ -84,16 +84,19 @@ impl<V> tower::Service<http::Request<Body>> for Forward<V> {
 
 impl Shared {
     async fn forward(&self, req: http::Request<Body>) -> http::Response<Body> {
-        let req = if req.uri().path().ends_with("/PullImage") {
+        let (req, remembered) = if req.uri().path().ends_with("/PullImage") {
             match self.capture(req).await {
-                Ok(req) => req,
+                Ok(captured) => captured,
                 Err(status) => return status.into_http(),
             }
         } else {
-            req
+            (req, None)
         };
-        match self.containerd.clone().oneshot(req).await {
+        let answer = match self.containerd.clone().oneshot(req).await {
             Ok(resp) => resp.map(Body::new),
+            Err(e) if timed_out(&e) => {
+                tonic::Status::deadline_exceeded("containerd did not answer within the call's deadline").into_http()
+            }
             Err(e) => {
                 let why = crate::registry::with_causes(&e);
                 tracing::warn!(socket = %self.containerd_socket.display(), error = %why, "containerd's CRI image service cannot be reached");
@@ -103,56 +106,99 @@ impl Shared {
                 ))
                 .into_http()
             }
+        };
+        // The login is used during the pull (containerd prepares the layers before it answers),
+        // so it is kept first; a pull that failed, most likely for a wrong or expired login,
+        // gives back the place of the one before. containerd answers a failure without a body,
+        // its status in the headers.
+        if let Some(r) = remembered {
+            let count = |login| self.metrics.cri_pulls.get_or_create(&CriPullLabel { login }).inc();
+            if succeeded(&answer) {
+                count("kept");
+            } else {
+                tracing::debug!("a CRI pull failed; its login is not kept");
+                self.keychain.undo(r);
+                count("failed");
+            }
         }
+        answer
     }
 
     /// Reads a PullImage request whole, keeps its login, and gives back the same bytes to
     /// forward.
-    async fn capture(&self, req: http::Request<Body>) -> Result<http::Request<Body>, tonic::Status> {
+    async fn capture(
+        &self,
+        req: http::Request<Body>,
+    ) -> Result<(http::Request<Body>, Option<Remembered>), tonic::Status> {
         let (parts, body) = req.into_parts();
         let bytes = Limited::new(body, PULL_REQUEST_LIMIT)
             .collect()
             .await
             .map_err(|e| tonic::Status::invalid_argument(format!("reading the PullImage request: {e}")))?
             .to_bytes();
-        match decode_unary(&bytes) {
+        let remembered = match decode_unary(&bytes) {
             Some(pull) => self.remember(&pull),
             // Compressed, or not a PullImageRequest: containerd answers it as it sees fit.
-            None => tracing::debug!("a PullImage request Strata cannot read; forwarded without keeping its login"),
-        }
-        Ok(http::Request::from_parts(parts, Body::new(Full::new(bytes))))
+            None => {
+                tracing::debug!("a PullImage request Strata cannot read; forwarded without keeping its login");
+                None
+            }
+        };
+        Ok((http::Request::from_parts(parts, Body::new(Full::new(bytes))), remembered))
     }
 
-    fn remember(&self, pull: &PullImageRequest) {
-        let Some(spec) = &pull.image else { return };
+    fn remember(&self, pull: &PullImageRequest) -> Option<Remembered> {
+        let spec = pull.image.as_ref()?;
         let count = |login| {
             self.metrics.cri_pulls.get_or_create(&CriPullLabel { login }).inc();
         };
         let Some(auth) = &pull.auth else {
             count("none");
-            return;
+            return None;
         };
         let image = match ImageRef::parse(&spec.image) {
             Ok(i) => i,
             Err(e) => {
                 tracing::debug!(error = %e, "a CRI pull of an image reference Strata does not read");
                 count("unusable");
-                return;
+                return None;
             }
         };
         match login_of(auth) {
             Ok(Some(login)) => {
                 tracing::debug!(image = %image, user = %login.username, "kept the login of a CRI pull for its lazy reads");
-                self.keychain.remember(&image, login, &auth.server_address);
-                count("kept");
+                Some(self.keychain.remember(&image, login, &auth.server_address))
             }
-            Ok(None) => count("none"),
+            Ok(None) => {
+                count("none");
+                None
+            }
             Err(e) => {
                 tracing::warn!(image = %image, "the login of a CRI pull cannot be used for lazy reads: {e}");
                 count("unusable");
+                None
             }
         }
     }
+}
+
+/// Whether a gRPC answer is not a failure: HTTP 200 without a non-zero `grpc-status` in its
+/// headers (a failure without a message is all headers).
+fn succeeded(answer: &http::Response<Body>) -> bool {
+    answer.status() == http::StatusCode::OK && answer.headers().get("grpc-status").is_none_or(|s| s.as_bytes() == b"0")
+}
+
+/// Whether the call's own deadline (its `grpc-timeout`) ran out, rather than containerd being
+/// out of reach.
+fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if c.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// The message of a unary gRPC request body: one uncompressed length-prefixed frame.
@@ -209,7 +255,7 @@ mod tests {
     }
 
     /// With containerd down, kubelet gets Unavailable naming containerd's socket (and retries),
-    /// not a hang or a bare transport error; the pull's login is kept all the same.
+    /// not a hang or a bare transport error.
     #[tokio::test]
     async fn a_call_while_containerd_is_down_is_unavailable_and_names_its_socket() {
         use crate::proto::cri::image_service_client::ImageServiceClient;
@@ -230,9 +276,10 @@ mod tests {
         let e = client.pull_image(pull).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
         assert!(e.message().contains(&containerd.display().to_string()), "{e}");
+        // The pull failed, so its login does not take the place of one that may work.
         let image = ImageRef::parse("reg.io/app:1").unwrap();
-        assert_eq!(keychain.login(&image, "reg.io").unwrap().username, "u");
-        assert_eq!(metrics.cri_pulls.get_or_create(&CriPullLabel { login: "kept" }).get(), 1);
+        assert!(keychain.login(&image, "reg.io").is_none());
+        assert_eq!(metrics.cri_pulls.get_or_create(&CriPullLabel { login: "failed" }).get(), 1);
         stop.send(()).unwrap();
         served.await.unwrap().unwrap();
         assert!(!socket.exists(), "the socket is removed at shutdown");

@@ -415,6 +415,13 @@ impl Config {
             return err("snapshotter.root".into(), "must be an absolute path".into());
         }
         if let Some(image) = &self.snapshotter.image_service_socket {
+            // kubelet pointed at a socket nobody serves could neither pull nor check images.
+            if !self.snapshotter.enabled || !self.snapshotter.lazy {
+                return err(
+                    "snapshotter.image_service_socket".into(),
+                    "needs snapshotter.enabled = true and snapshotter.lazy = true: the logins it keeps are for lazy reads".into(),
+                );
+            }
             if !image.is_absolute() {
                 return err("snapshotter.image_service_socket".into(), "must be an absolute path".into());
             }
@@ -569,12 +576,18 @@ mod tests {
         let e = Config::from_toml("[snapshotter]\nroot = \"r\"\n").unwrap_err();
         assert_eq!(e.key, "snapshotter.root");
         assert_eq!(c.snapshotter.image_service_socket, None, "the image service proxy is off by default");
+        let on = "[snapshotter]\nenabled = true\n";
         let e =
-            Config::from_toml("[snapshotter]\nimage_service_socket = \"/run/strata/snapshotter.sock\"\n").unwrap_err();
+            Config::from_toml(&format!("{on}image_service_socket = \"/run/strata/snapshotter.sock\"\n")).unwrap_err();
         assert_eq!(e.key, "snapshotter.image_service_socket");
-        let e = Config::from_toml("[snapshotter]\nimage_service_socket = \"/run/i.sock\"\ncontainerd_socket = \"c\"\n")
+        let e = Config::from_toml(&format!("{on}image_service_socket = \"/run/i.sock\"\ncontainerd_socket = \"c\"\n"))
             .unwrap_err();
         assert_eq!(e.key, "snapshotter.containerd_socket");
+        let e = Config::from_toml("[snapshotter]\nimage_service_socket = \"/run/i.sock\"\n").unwrap_err();
+        assert!(e.message.contains("snapshotter.enabled"), "{e}");
+        let e = Config::from_toml(&format!("{on}lazy = false\nimage_service_socket = \"/run/i.sock\"\n")).unwrap_err();
+        assert!(e.message.contains("lazy"), "{e}");
+        assert!(Config::from_toml(&format!("{on}image_service_socket = \"/run/i.sock\"\n")).is_ok());
         let e = Config::from_toml("[snapshotter]\nenable = true\n").unwrap_err();
         assert_eq!(e.key, "snapshotter.enable");
         assert_eq!(c.snapshotter.prefetch_wait, PrefetchWait::Read);

@@ -72,8 +72,9 @@ pub struct LayerLabel {
 /// A CRI image pull that kubelet sent through the image service proxy.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CriPullLabel {
-    /// `kept` (its login is used for the image's lazy reads), `none` (it came without one) or
-    /// `unusable` (a login Strata cannot use: token-only, or not decodable).
+    /// `kept` (it succeeded, and its login is used for the image's lazy reads), `failed` (it
+    /// failed, and its login was not kept), `none` (it came without one) or `unusable` (a
+    /// login Strata cannot use: token-only, or not decodable).
     pub login: &'static str,
 }
 

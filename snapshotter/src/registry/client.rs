@@ -143,17 +143,24 @@ impl Registry {
         self.inner.keychain.clone()
     }
 
-    /// The login to send `host` for `image`, and where it came from: a CRI pull's login for
-    /// the repository, else config.json's for the host, as the file is now.
-    fn login(&self, image: &ImageRef, host: &str) -> Option<(Login, &'static str)> {
+    /// The logins to send `host` for `image`, in the order to try them, and where each came
+    /// from: a CRI pull's login for the repository, then config.json's for the host, as the
+    /// file is now.
+    fn logins(&self, image: &ImageRef, host: &str) -> Vec<(Login, &'static str)> {
+        let mut logins = Vec::new();
         if let Some(l) = self.inner.keychain.login(image, host) {
-            return Some((l, "the login kubelet passed with the image's CRI pull"));
+            logins.push((l, "the login kubelet passed with the image's CRI pull"));
         }
         let mut credentials = self.inner.credentials.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(fresh) = credentials.reloaded() {
             *credentials = fresh;
         }
-        credentials.login(host).cloned().map(|l| (l, "docker config.json"))
+        if let Some(l) = credentials.login(host)
+            && logins.iter().all(|(k, _)| k != l)
+        {
+            logins.push((l.clone(), "docker config.json"));
+        }
+        logins
     }
 
     /// The client for `ep`'s TLS settings. Its CA files are read when first needed, so a bad
@@ -535,8 +542,8 @@ impl Registry {
                 Need::Push => e.push,
             })
             .collect();
-        let mut last = None;
-        for ep in self.up_first(&endpoints) {
+        let mut errors = Vec::new();
+        for (at, ep) in self.up_first(&endpoints) {
             match self.send_to(ep, image, path, method.clone(), build).await {
                 Ok(resp) => match refuse(&resp) {
                     None => {
@@ -545,18 +552,22 @@ impl Registry {
                     }
                     Some(e) => {
                         tracing::debug!(endpoint = %ep.base, error = %e, "registry endpoint answered wrongly; trying the next");
-                        last = Some(e);
+                        errors.push((at, e));
                     }
                 },
                 Err(e) => {
-                    if endpoints.len() > 1 && passes(&e) {
-                        self.mark_down(ep, &e);
+                    if endpoints.len() > 1 && unreachable(&e) {
+                        self.mark_down(ep);
                     }
                     tracing::debug!(endpoint = %ep.base, error = %e, "registry endpoint failed; trying the next");
-                    last = Some(e);
+                    errors.push((at, e));
                 }
             }
         }
+        // What the read ends with (and whether it is asked again) is what the endpoint last in
+        // hosts.toml's order said, the registry itself, however lately failing mirrors were
+        // put after it.
+        let last = errors.into_iter().max_by_key(|(at, _)| *at).map(|(_, e)| e);
         match last {
             Some(e) if endpoints.len() == 1 => Err(e),
             Some(e) => Err(RegistryError::AllHostsFailed { host: image.host.clone(), last: Box::new(e) }),
@@ -571,18 +582,20 @@ impl Registry {
     /// blackholed one costs the connect timeout, 10 s) is not waited on by every lazy read
     /// while the registry behind it answers. It is still asked when all else fails, and is
     /// asked first again once its pause is over.
-    fn up_first<'e>(&self, endpoints: &'e [Endpoint]) -> Vec<&'e Endpoint> {
+    fn up_first<'e>(&self, endpoints: &'e [Endpoint]) -> Vec<(usize, &'e Endpoint)> {
         let now = Instant::now();
         let mut down = self.inner.down.lock().unwrap_or_else(|p| p.into_inner());
         down.retain(|_, until| *until > now);
-        let (up, later): (Vec<_>, Vec<_>) = endpoints.iter().partition(|e| !down.contains_key(&e.base));
+        let (up, later): (Vec<_>, Vec<_>) =
+            endpoints.iter().enumerate().partition(|(_, e)| !down.contains_key(&e.base));
         up.into_iter().chain(later).collect()
     }
 
-    fn mark_down(&self, ep: &Endpoint, e: &RegistryError) {
+    fn mark_down(&self, ep: &Endpoint) {
         let mut down = self.inner.down.lock().unwrap_or_else(|p| p.into_inner());
         if down.insert(ep.base.clone(), Instant::now() + DOWN_FOR).is_none() {
-            tracing::warn!(endpoint = %ep.base, error = %e, pause = ?DOWN_FOR, "registry endpoint failed; asking the others first for a while");
+            // The error itself is left out: after a redirect it may hold a signed URL.
+            tracing::warn!(endpoint = %ep.base, pause = ?DOWN_FOR, "registry endpoint cannot be reached; asking the others first for a while");
         }
     }
 
@@ -616,42 +629,62 @@ impl Registry {
         if resp.status() == StatusCode::UNAUTHORIZED {
             let challenge =
                 resp.headers().get(WWW_AUTHENTICATE).and_then(|v| v.to_str().ok()).and_then(parse_challenge);
-            // The login of the host asked, as containerd picks it: a mirror has its own, and is
-            // never sent the upstream registry's.
+            // The logins of the host asked, as containerd picks them: a mirror has its own, and
+            // is never sent the upstream registry's. A CRI pull's comes first; if the registry
+            // refuses it (a token that expired since the pull), config.json's is tried.
             let asked = origin(&ep.base);
-            let login = self.login(image, asked);
-            let header = match challenge {
-                Some(Challenge::Basic) => match &login {
-                    Some((l, _)) => l.basic_header(),
+            let logins = self.logins(image, asked);
+            let mut tries: Vec<Option<&(Login, &str)>> = logins.iter().map(Some).collect();
+            if tries.is_empty() {
+                tries.push(None);
+            }
+            let mut refused = None;
+            let mut worked = None;
+            for login in tries {
+                let header = match &challenge {
+                    Some(Challenge::Basic) => match login {
+                        Some((l, _)) => l.basic_header(),
+                        None => {
+                            return Err(RegistryError::Auth {
+                                url,
+                                reason: "the registry wants a login, and neither a CRI pull nor config.json gave one for this host".into(),
+                            });
+                        }
+                    },
+                    Some(Challenge::Bearer { realm, service, scope }) => {
+                        let scope = scope.clone().unwrap_or_else(|| format!("repository:{}:pull", image.repository));
+                        match fetch_token(client, realm, service.as_deref(), &scope, login.map(|(l, _)| l)).await {
+                            Ok(token) => format!("Bearer {token}"),
+                            Err(e) => {
+                                refused = Some(e);
+                                continue;
+                            }
+                        }
+                    }
                     None => {
                         return Err(RegistryError::Auth {
                             url,
-                            reason: "the registry wants a login, and neither a CRI pull nor config.json gave one for this host".into(),
+                            reason: "401 without a challenge Strata understands".into(),
                         });
                     }
-                },
-                Some(Challenge::Bearer { realm, service, scope }) => {
-                    let scope = scope.unwrap_or_else(|| format!("repository:{}:pull", image.repository));
-                    format!(
-                        "Bearer {}",
-                        fetch_token(client, &realm, service.as_deref(), &scope, login.as_ref().map(|(l, _)| l)).await?
-                    )
+                };
+                resp = attempt(Some(header.clone())).await.map_err(http)?;
+                if resp.status() != StatusCode::UNAUTHORIZED {
+                    worked = Some(header);
+                    break;
                 }
-                None => {
-                    return Err(RegistryError::Auth {
-                        url,
-                        reason: "401 without a challenge Strata understands".into(),
-                    });
-                }
-            };
-            resp = attempt(Some(header.clone())).await.map_err(http)?;
-            if resp.status() == StatusCode::UNAUTHORIZED {
                 let whose = match login {
                     Some((_, from)) => format!("the login for {asked} ({from})"),
                     None => "an anonymous token".to_owned(),
                 };
-                return Err(RegistryError::Auth { url, reason: format!("401 Unauthorized: {whose} was refused") });
+                refused = Some(RegistryError::Auth {
+                    url: url.clone(),
+                    reason: format!("401 Unauthorized: {whose} was refused"),
+                });
             }
+            let Some(header) = worked else {
+                return Err(refused.unwrap_or_else(|| RegistryError::Auth { url, reason: "no login to try".into() }));
+            };
             self.inner.auth.lock().unwrap_or_else(|p| p.into_inner()).insert(key, header);
         }
         if resp.status().is_success() {
@@ -673,6 +706,13 @@ const DOWN_FOR: Duration = Duration::from_secs(30);
 /// before each later one).
 const RETRIES: u32 = 3;
 const RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+/// Whether an endpoint could not be reached at all (refused, or no answer in time), rather
+/// than answering badly: a mirror's 429 or 502 is often about one request (an upstream rate
+/// limit passed on), and skipping the mirror would send every read to that upstream.
+fn unreachable(e: &RegistryError) -> bool {
+    matches!(e, RegistryError::Http { source, .. } if source.is_connect() || source.is_timeout())
+}
 
 /// Whether a failed request may well work if sent again: the connection failed or timed out,
 /// or the registry said it is overloaded or failing for now.
@@ -836,6 +876,28 @@ mod tests {
         assert_eq!(&reg.blob_range(&public, &digest, 0..4).await.unwrap()[..], b"abcd");
     }
 
+    /// A CRI pull's login that the registry refuses (expired since the pull) is followed by
+    /// config.json's, rather than failing every read.
+    #[tokio::test]
+    async fn a_refused_cri_login_falls_back_to_config_json() {
+        use super::*;
+        use base64::Engine;
+        let node = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("node:works"));
+        let ok = "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-3/10\r\nContent-Length: 4\r\n\
+                  Connection: close\r\n\r\nabcd";
+        let refused = "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"r\"\r\nContent-Length: 0\r\n\
+                       Connection: close\r\n\r\n";
+        let (addr, taken) = serve_by(3, move |head| if head.contains(&node) { ok } else { refused });
+        let credentials =
+            Credentials::default().with_login(&addr, Login { username: "node".into(), password: "works".into() });
+        let reg = Registry::new(Hosts::new(None), credentials);
+        let image = ImageRef::parse(&format!("{addr}/team/private:1")).unwrap();
+        reg.keychain().remember(&image, Login { username: "pod".into(), password: "expired".into() }, "");
+        let digest = format!("sha256:{}", "8".repeat(64));
+        assert_eq!(&reg.blob_range(&image, &digest, 0..4).await.unwrap()[..], b"abcd");
+        assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 3, "anonymous, the pod's login, then the node's");
+    }
+
     /// A pull-through mirror that answers a ranged read with the whole blob (200, as one
     /// fetching the blob upstream for the first time does) is passed over: the range is read
     /// from the next endpoint, the registry itself.
@@ -908,31 +970,65 @@ mod tests {
         assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 3, "asked again twice, then the error");
     }
 
-    /// A mirror that fails (503 here; a blackholed one costs the connect timeout) is asked
-    /// after the registry for a while, not before every read.
+    /// A mirror that cannot be reached (nothing listens; a blackholed one costs the connect
+    /// timeout) is asked after the registry for a while, not before every read. One that
+    /// answers 503 is still asked first: that is often about one request, not the mirror.
     #[tokio::test]
-    async fn a_mirror_that_failed_is_asked_last_for_a_while() {
+    async fn a_mirror_that_cannot_be_reached_is_asked_last_for_a_while() {
         use super::*;
-        let unavailable = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
         let ok = "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-3/10\r\nContent-Length: 4\r\n\
                   Connection: close\r\n\r\nabcd";
-        let (mirror, asked_mirror) = serve(vec![unavailable, unavailable, unavailable]);
-        let (server, asked_server) = serve(vec![ok, ok, ok]);
+        let unavailable = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+        let (busy, asked_busy) = serve(vec![unavailable, unavailable, unavailable]);
+        let (server, asked_server) = serve(vec![ok, ok, ok, ok, ok, ok]);
         let hosts = tempfile::tempdir().unwrap();
-        std::fs::create_dir(hosts.path().join("registry.test")).unwrap();
+        for (name, mirror) in [("dead.test", &dead), ("busy.test", &busy)] {
+            std::fs::create_dir(hosts.path().join(name)).unwrap();
+            std::fs::write(
+                hosts.path().join(name).join("hosts.toml"),
+                format!("server = \"http://{server}\"\n[host.\"http://{mirror}\"]\n  capabilities = [\"pull\"]\n"),
+            )
+            .unwrap();
+        }
+        let reg = Registry::new(Hosts::new(Some(hosts.path())), Credentials::default());
+        let digest = format!("sha256:{}", "e".repeat(64));
+        for name in ["dead.test", "busy.test"] {
+            let image = ImageRef::parse(&format!("{name}/strata/x:1")).unwrap();
+            for _ in 0..3 {
+                assert_eq!(&reg.blob_range(&image, &digest, 0..4).await.unwrap()[..], b"abcd");
+            }
+        }
+        let down: Vec<String> = reg.inner.down.lock().unwrap().keys().cloned().collect();
+        assert_eq!(down.len(), 1, "{down:?}");
+        assert!(down[0].contains(&dead), "the mirror nothing listens on is set aside: {down:?}");
+        let asked = |n: &std::sync::atomic::AtomicUsize| n.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!((asked(&asked_busy), asked(&asked_server)), (3, 6), "the busy mirror is still asked first");
+    }
+
+    /// However the endpoints were reordered, the read ends with what the registry itself said:
+    /// its 404 is final, and the read is not sent again for a mirror's passing failure.
+    #[tokio::test]
+    async fn a_read_ends_with_the_registrys_own_answer() {
+        use super::*;
+        let missing = "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+        let (server, asked_server) = serve(vec![missing, missing, missing, missing]);
+        let hosts = tempfile::tempdir().unwrap();
+        std::fs::create_dir(hosts.path().join("reg.test")).unwrap();
         std::fs::write(
-            hosts.path().join("registry.test/hosts.toml"),
-            format!("server = \"http://{server}\"\n[host.\"http://{mirror}\"]\n  capabilities = [\"pull\"]\n"),
+            hosts.path().join("reg.test/hosts.toml"),
+            format!("server = \"http://{server}\"\n[host.\"http://{dead}\"]\n  capabilities = [\"pull\"]\n"),
         )
         .unwrap();
         let reg = Registry::new(Hosts::new(Some(hosts.path())), Credentials::default());
-        let image = ImageRef::parse("registry.test/strata/x:1").unwrap();
-        let digest = format!("sha256:{}", "e".repeat(64));
-        for _ in 0..3 {
-            assert_eq!(&reg.blob_range(&image, &digest, 0..4).await.unwrap()[..], b"abcd");
+        let image = ImageRef::parse("reg.test/strata/x:1").unwrap();
+        let digest = format!("sha256:{}", "9".repeat(64));
+        for _ in 0..2 {
+            let e = reg.blob_range(&image, &digest, 0..4).await.unwrap_err().to_string();
+            assert!(e.contains("404"), "{e}");
         }
-        let asked = |n: &std::sync::atomic::AtomicUsize| n.load(std::sync::atomic::Ordering::SeqCst);
-        assert_eq!((asked(&asked_mirror), asked(&asked_server)), (1, 3));
+        assert_eq!(asked_server.load(std::sync::atomic::Ordering::SeqCst), 2, "each read asked the registry once");
     }
 
     /// A registry that is overloaded for a moment (503, then 502 from a proxy in front of it)

@@ -1,14 +1,18 @@
 //! Registry logins that kubelet passes with each CRI image pull (a pod's `imagePullSecrets`, or
 //! a kubelet credential provider's answer), as the image service proxy captures them. They are
-//! kept in memory by registry host and repository, and used for the lazy reads of that
-//! repository's layers, which containerd never hands to a snapshotter.
+//! kept by registry host and repository, and used for the lazy reads of that repository's
+//! layers, which containerd never hands to a snapshotter. They are kept on disk too (mode
+//! 0600, beside the snapshots), since a layer mounted again after a restart reads with them
+//! and kubelet will not pull an image it has again.
 
 use super::auth::{Login, normalise_host};
 use super::reference::ImageRef;
 use crate::proto::cri::AuthConfig;
 use base64::Engine;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
 
 /// Repositories whose logins are kept; past this, the one remembered longest ago goes. A node
 /// runs far fewer distinct private repositories than this.
@@ -18,6 +22,26 @@ const MAX_LOGINS: usize = 4096;
 #[derive(Debug, Default)]
 pub struct Keychain {
     inner: Mutex<Inner>,
+    /// Where they are kept, once [`Keychain::keep_in`] said.
+    file: OnceLock<PathBuf>,
+}
+
+/// A login as the file keeps it.
+#[derive(Serialize, Deserialize)]
+struct Kept {
+    host: String,
+    repository: String,
+    username: String,
+    password: String,
+    server: Option<String>,
+}
+
+/// What [`Keychain::remember`] replaced, for [`Keychain::undo`] if the pull then fails.
+#[derive(Debug)]
+pub struct Remembered {
+    key: (String, String),
+    at: u64,
+    previous: Option<Captured>,
 }
 
 #[derive(Debug, Default)]
@@ -52,6 +76,10 @@ pub fn login_of(auth: &AuthConfig) -> Result<Option<Login>, LoginError> {
     if !auth.username.is_empty() {
         return Ok(Some(Login { username: auth.username.clone(), password: auth.password.clone() }));
     }
+    // containerd reads an identity token before `auth`; Strata cannot use one.
+    if !auth.identity_token.is_empty() {
+        return Err(LoginError::TokenOnly);
+    }
     if !auth.auth.is_empty() {
         let raw =
             base64::engine::general_purpose::STANDARD.decode(auth.auth.trim()).map_err(|_| LoginError::BadAuth)?;
@@ -59,20 +87,61 @@ pub fn login_of(auth: &AuthConfig) -> Result<Option<Login>, LoginError> {
         let (u, p) = raw.split_once(':').ok_or(LoginError::BadAuth)?;
         return Ok(Some(Login { username: u.to_owned(), password: p.to_owned() }));
     }
-    if !auth.identity_token.is_empty() || !auth.registry_token.is_empty() {
+    if !auth.registry_token.is_empty() {
         return Err(LoginError::TokenOnly);
     }
     Ok(None)
 }
 
+/// The key of `image`'s repository, with Docker Hub's names made one (kubelet may write
+/// `index.docker.io/busybox` where containerd's label says `docker.io/library/busybox`).
+fn key(image: &ImageRef) -> (String, String) {
+    let host = normalise_host(&image.host);
+    let repository = if host == "docker.io" && !image.repository.contains('/') {
+        format!("library/{}", image.repository)
+    } else {
+        image.repository.clone()
+    };
+    (host, repository)
+}
+
 impl Keychain {
+    /// Keeps the logins in `file` from now on, after taking those it holds. A file that
+    /// cannot be read is reported and left: the logins come back with the next pulls.
+    pub fn keep_in(&self, file: &Path) {
+        if self.file.set(file.to_owned()).is_err() {
+            return;
+        }
+        let kept: Vec<Kept> = match std::fs::read(file) {
+            Ok(bytes) => match serde_json::from_slice(&bytes) {
+                Ok(k) => k,
+                Err(e) => {
+                    tracing::warn!(path = %file.display(), error = %e, "the kept CRI pull logins cannot be read; starting without them");
+                    return;
+                }
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) => {
+                tracing::warn!(path = %file.display(), error = %e, "the kept CRI pull logins cannot be read; starting without them");
+                return;
+            }
+        };
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        for k in kept.into_iter().take(MAX_LOGINS) {
+            inner.clock += 1;
+            let at = inner.clock;
+            let login = Login { username: k.username, password: k.password };
+            inner.by_repo.insert((k.host, k.repository), Captured { login, server: k.server, at });
+        }
+    }
+
     /// Keeps `login` for `image`'s repository, for `server_address` alone if it is not empty.
-    /// A later pull's login replaces it.
-    pub fn remember(&self, image: &ImageRef, login: Login, server_address: &str) {
+    /// A later pull's login replaces it; [`Keychain::undo`] puts the one before back.
+    pub fn remember(&self, image: &ImageRef, login: Login, server_address: &str) -> Remembered {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.clock += 1;
         let at = inner.clock;
-        let key = (normalise_host(&image.host), image.repository.clone());
+        let key = key(image);
         let server = Some(server_address.trim()).filter(|s| !s.is_empty()).map(normalise_host);
         if inner.by_repo.len() >= MAX_LOGINS && !inner.by_repo.contains_key(&key) {
             let oldest = inner.by_repo.iter().min_by_key(|(_, c)| c.at).map(|(k, _)| k.clone());
@@ -80,14 +149,34 @@ impl Keychain {
                 inner.by_repo.remove(&k);
             }
         }
-        inner.by_repo.insert(key, Captured { login, server, at });
+        let same = inner.by_repo.get(&key).is_some_and(|c| c.login == login && c.server == server);
+        let previous = inner.by_repo.insert(key.clone(), Captured { login, server, at });
+        if !same {
+            self.save(&inner);
+        }
+        Remembered { key, at, previous }
+    }
+
+    /// Puts back what `done` replaced, unless a later pull's login has replaced it since: the
+    /// pull failed, most likely for a wrong or expired login, which must not take the place of
+    /// one that works.
+    pub fn undo(&self, done: Remembered) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if inner.by_repo.get(&done.key).is_none_or(|c| c.at != done.at) {
+            return;
+        }
+        match done.previous {
+            Some(p) => inner.by_repo.insert(done.key, p),
+            None => inner.by_repo.remove(&done.key),
+        };
+        self.save(&inner);
     }
 
     /// The login a CRI pull gave for `image`'s repository, if it may be sent to `host` (one of
     /// the image's endpoints: a mirror, or the registry itself).
     pub fn login(&self, image: &ImageRef, host: &str) -> Option<Login> {
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let c = inner.by_repo.get(&(normalise_host(&image.host), image.repository.clone()))?;
+        let c = inner.by_repo.get(&key(image))?;
         match &c.server {
             Some(server) if *server != normalise_host(host) => None,
             _ => Some(c.login.clone()),
@@ -100,6 +189,43 @@ impl Keychain {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Writes the logins to their file whole (mode 0600: they are secrets), replacing it
+    /// durably. A failure is reported; the logins in memory still serve.
+    fn save(&self, inner: &Inner) {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let Some(path) = self.file.get() else { return };
+        let kept: Vec<Kept> = inner
+            .by_repo
+            .iter()
+            .map(|((host, repository), c)| Kept {
+                host: host.clone(),
+                repository: repository.clone(),
+                username: c.login.username.clone(),
+                password: c.login.password.clone(),
+                server: c.server.clone(),
+            })
+            .collect();
+        let Ok(bytes) = serde_json::to_vec(&kept) else { return };
+        let tmp = path.with_extension("tmp");
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(&bytes).and_then(|_| f.sync_all()))
+            .and_then(|_| std::fs::rename(&tmp, path))
+            .and_then(|_| match path.parent() {
+                Some(dir) => std::fs::File::open(dir).and_then(|d| d.sync_all()),
+                None => Ok(()),
+            });
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            tracing::warn!(path = %path.display(), error = %e, "cannot keep the CRI pull logins on disk; they last until a restart");
+        }
     }
 }
 
@@ -141,6 +267,56 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_pulls_login_gives_back_the_place_of_the_one_before() {
+        let k = Keychain::default();
+        k.remember(&image("reg.io/app:1"), login("good"), "");
+        let wrong = k.remember(&image("reg.io/app:1"), login("wrong"), "");
+        k.undo(wrong);
+        assert_eq!(k.login(&image("reg.io/app"), "reg.io").unwrap().username, "good");
+        // A pull that came after the failed one keeps its login.
+        let failed = k.remember(&image("reg.io/app:1"), login("expired"), "");
+        k.remember(&image("reg.io/app:2"), login("fresh"), "");
+        k.undo(failed);
+        assert_eq!(k.login(&image("reg.io/app"), "reg.io").unwrap().username, "fresh");
+        // The first pull of a repository failing leaves no login for it.
+        let first = k.remember(&image("reg.io/other:1"), login("wrong"), "");
+        k.undo(first);
+        assert!(k.login(&image("reg.io/other:1"), "reg.io").is_none());
+    }
+
+    #[test]
+    fn docker_hubs_names_for_an_image_are_one_repository() {
+        let k = Keychain::default();
+        k.remember(&image("index.docker.io/busybox:1"), login("hub"), "");
+        assert_eq!(
+            k.login(&image("docker.io/library/busybox:latest"), "registry-1.docker.io").unwrap().username,
+            "hub"
+        );
+    }
+
+    #[test]
+    fn logins_are_kept_on_disk_for_the_owner_alone_and_come_back() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("cri-logins.json");
+        let k = Keychain::default();
+        k.keep_in(&file);
+        k.remember(&image("reg.io/app:1"), login("alice"), "");
+        k.remember(&image("reg.io/named:1"), login("bob"), "reg.io");
+        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+        let again = Keychain::default();
+        again.keep_in(&file);
+        assert_eq!(again.login(&image("reg.io/app"), "mirror.local").unwrap().password, "alice-pw");
+        assert!(again.login(&image("reg.io/named"), "mirror.local").is_none(), "its server is kept too");
+        assert_eq!(again.login(&image("reg.io/named"), "reg.io").unwrap().username, "bob");
+        // A damaged file is set aside with a warning, not fatal.
+        std::fs::write(&file, "{").unwrap();
+        let damaged = Keychain::default();
+        damaged.keep_in(&file);
+        assert!(damaged.is_empty());
+    }
+
+    #[test]
     fn the_kept_logins_are_bounded() {
         let k = Keychain::default();
         for i in 0..MAX_LOGINS + 10 {
@@ -164,5 +340,7 @@ mod tests {
         assert_eq!(login_of(&bad), Err(LoginError::BadAuth));
         let token = AuthConfig { identity_token: "t".into(), ..Default::default() };
         assert_eq!(login_of(&token), Err(LoginError::TokenOnly));
+        let both = AuthConfig { identity_token: "t".into(), auth: docker.auth.clone(), ..Default::default() };
+        assert_eq!(login_of(&both), Err(LoginError::TokenOnly), "as containerd, the identity token comes first");
     }
 }
