@@ -1165,6 +1165,32 @@ fn a_mirror_is_read_with_its_own_login() {
     );
 }
 
+#[test]
+#[ignore = "needs root, containerd, docker-registry, openssl and the test registry: run by .ci/run"]
+fn a_registry_that_asks_for_a_client_certificate_is_read_with_the_one_in_hosts_toml() {
+    let reg = AuthRegistry::start(Auth::MutualTls);
+    let ca = reg.ca.clone().unwrap();
+    let (cert, key) = reg.client.clone().unwrap();
+    let setting = format!("ca = \"{}\"\n  client = [[\"{}\", \"{}\"]]", ca.display(), cert.display(), key.display());
+    // containerd reads the same hosts dir, with the same certificate.
+    let hosts = tls_hosts(&reg.addr, &setting);
+    let flags = ["--hosts-dir", hosts.path().to_str().unwrap()];
+    let node = Node::start_with(&format!("hosts_dir = \"{}\"", hosts.path().display()));
+    pull_lazily_from(&node, &reg.addr, &flags);
+    drop(node);
+
+    // Without the certificate, Strata's handshake is refused and the layer is not lazy; the
+    // reason says so.
+    let plain = tls_hosts(&reg.addr, &format!("ca = \"{}\"", ca.display()));
+    let node = Node::start_with(&format!("hosts_dir = \"{}\"", plain.path().display()));
+    let image = format!("{}/strata/busybox:esgz", reg.addr);
+    let out = node.containerd.ctr_remote(&["image", "rpull", "--snapshotter", "strata", flags[0], flags[1], &image]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let layer = &node.layer_digests("busybox:esgz")[0];
+    let l = node.layer_when(layer, |l| l["image"] == image.as_str());
+    assert_eq!((&l["lazy"], &l["how"]), (&false.into(), &"containerd".into()), "{l:#}");
+}
+
 /// A hosts dir with one `hosts.toml` for the HTTPS registry at `addr`, its `[host]` entry
 /// carrying `setting` (a `ca`, `skip_verify`, or nothing).
 fn tls_hosts(addr: &str, setting: &str) -> tempfile::TempDir {

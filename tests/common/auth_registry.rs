@@ -24,6 +24,8 @@ pub enum Auth {
     Basic,
     Token,
     Tls,
+    /// TLS that also asks each client for a certificate signed by the test CA.
+    MutualTls,
 }
 
 pub struct AuthRegistry {
@@ -34,6 +36,8 @@ pub struct AuthRegistry {
     pub token_requests: Arc<Mutex<Vec<TokenRequest>>>,
     /// With `Auth::Tls`: the PEM of the CA that signed the registry's certificate.
     pub ca: Option<PathBuf>,
+    /// With `Auth::MutualTls`: a client certificate the registry accepts, and its key.
+    pub client: Option<(PathBuf, PathBuf)>,
     dir: tempfile::TempDir,
     child: Child,
 }
@@ -77,6 +81,7 @@ impl AuthRegistry {
         let port = super::free_port();
         let token_requests = Arc::new(Mutex::new(Vec::new()));
         let mut ca = None;
+        let mut client = None;
         let section = match auth {
             Auth::Basic => {
                 let file = dir.path().join("htpasswd");
@@ -116,6 +121,17 @@ impl AuthRegistry {
                 ca = Some(dir.path().join("ca.pem"));
                 format!("  tls: {{certificate: {}, key: {}}}", cert.display(), key.display())
             }
+            Auth::MutualTls => {
+                let (cert, key) = tls_certificate(dir.path());
+                ca = Some(dir.path().join("ca.pem"));
+                client = Some(client_certificate(dir.path()));
+                format!(
+                    "  tls: {{certificate: {}, key: {}, clientcas: [{}]}}",
+                    cert.display(),
+                    key.display(),
+                    dir.path().join("ca.pem").display()
+                )
+            }
         };
         // The TLS settings go inside `http:`, an auth section beside it.
         let (http_extra, section) = match section.strip_prefix("  tls: ") {
@@ -140,7 +156,7 @@ impl AuthRegistry {
             .stderr(log)
             .spawn()
             .expect("docker-registry starts");
-        let r = AuthRegistry { addr: format!("127.0.0.1:{port}"), token_requests, ca, dir, child };
+        let r = AuthRegistry { addr: format!("127.0.0.1:{port}"), token_requests, ca, client, dir, child };
         let deadline = Instant::now() + Duration::from_secs(20);
         // Up once /v2/ asks for credentials, or over TLS, answers a client that trusts the CA.
         let (url, ready) = match &r.ca {
@@ -151,6 +167,9 @@ impl AuthRegistry {
             let mut curl = Command::new("curl");
             if let Some(ca) = &r.ca {
                 curl.arg("--cacert").arg(ca);
+            }
+            if let Some((cert, key)) = &r.client {
+                curl.arg("--cert").arg(cert).arg("--key").arg(key);
             }
             let out = curl.args(["-s", "-o", "/dev/null", "-w", "%{http_code}", &url]).output().unwrap();
             if out.stdout == ready {
@@ -179,8 +198,7 @@ impl AuthRegistry {
 /// server's is refused by webpki (a CA used as an end entity).
 fn tls_certificate(dir: &Path) -> (PathBuf, PathBuf) {
     let p = |name: &str| dir.join(name).to_str().unwrap().to_owned();
-    let (ca, ca_key, csr, cert, key, ext) =
-        (p("ca.pem"), p("ca.key"), p("server.csr"), p("cert.pem"), p("key.pem"), p("server.ext"));
+    let (ca, ca_key) = (p("ca.pem"), p("ca.key"));
     run(
         "openssl",
         &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
@@ -188,14 +206,28 @@ fn tls_certificate(dir: &Path) -> (PathBuf, PathBuf) {
             .chain(["-subj", "/CN=strata-test-ca", "-keyout", &ca_key, "-out", &ca])
             .collect::<Vec<_>>(),
     );
-    run("openssl", &["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", &key, "-out", &csr]);
-    std::fs::write(&ext, "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
-        .unwrap();
+    signed(dir, "server", "/CN=127.0.0.1", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+}
+
+/// A client certificate signed by the CA of [`tls_certificate`] in `dir`: (certificate, key).
+fn client_certificate(dir: &Path) -> (PathBuf, PathBuf) {
+    signed(dir, "client", "/CN=strata-node", "extendedKeyUsage=clientAuth\n")
+}
+
+/// A key and a certificate for `subject` with extensions `ext`, signed by the CA in `dir`:
+/// `dir/NAME.pem` and `dir/NAME.key`.
+fn signed(dir: &Path, name: &str, subject: &str, ext: &str) -> (PathBuf, PathBuf) {
+    let p = |file: String| dir.join(file).to_str().unwrap().to_owned();
+    let (ca, ca_key) = (p("ca.pem".into()), p("ca.key".into()));
+    let (csr, cert, key, extfile) =
+        (p(format!("{name}.csr")), p(format!("{name}.pem")), p(format!("{name}.key")), p(format!("{name}.ext")));
+    run("openssl", &["req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", &key, "-out", &csr]);
+    std::fs::write(&extfile, format!("basicConstraints=CA:FALSE\n{ext}")).unwrap();
     run(
         "openssl",
         &["x509", "-req", "-in", &csr, "-CA", &ca, "-CAkey", &ca_key, "-CAcreateserial", "-days", "1"]
             .into_iter()
-            .chain(["-extfile", &ext, "-out", &cert])
+            .chain(["-extfile", &extfile, "-out", &cert])
             .collect::<Vec<_>>(),
     );
     (cert.into(), key.into())

@@ -79,6 +79,8 @@ struct RawPlatform {
     os: String,
 }
 
+type TlsKey = (bool, Vec<PathBuf>, Option<(PathBuf, Option<PathBuf>)>);
+
 /// What an endpoint must be able to do for a request: its `hosts.toml` capability.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Need {
@@ -101,8 +103,9 @@ struct Inner {
     credentials: Mutex<Credentials>,
     /// Logins kubelet passed with CRI pulls, which win over `credentials`, as in containerd.
     keychain: Arc<Keychain>,
-    /// One HTTP client per TLS setting in use (skip_verify, extra CAs), each with its own pool.
-    clients: Mutex<HashMap<(bool, Vec<PathBuf>), reqwest::Client>>,
+    /// One HTTP client per TLS setting in use (skip_verify, extra CAs, client certificate),
+    /// each with its own pool.
+    clients: Mutex<HashMap<TlsKey, reqwest::Client>>,
     /// Authorization headers that worked, by endpoint base and repository.
     auth: Mutex<HashMap<(String, String), String>>,
     /// Endpoints that failed for a passing reason, by base, and until when they are asked
@@ -125,7 +128,8 @@ impl Registry {
         // The client most endpoints use is made now: building one loads the system's trust
         // roots, which took 25 ms of a layer's first request when it was left to then. If it
         // fails, the first request that needs it reports why.
-        let clients = build_client(false, Vec::new()).map(|c| ((false, Vec::new()), c)).into_iter().collect();
+        let clients =
+            build_client(false, Vec::new(), None).map(|c| ((false, Vec::new(), None), c)).into_iter().collect();
         Registry {
             inner: Arc::new(Inner {
                 hosts,
@@ -166,7 +170,7 @@ impl Registry {
     /// The client for `ep`'s TLS settings. Its CA files are read when first needed, so a bad
     /// one fails the reads of that host with the file's name, not the whole daemon.
     fn client_for(&self, ep: &Endpoint) -> Result<reqwest::Client, RegistryError> {
-        let key = (ep.skip_verify, ep.ca.clone());
+        let key = (ep.skip_verify, ep.ca.clone(), ep.client.clone());
         let mut clients = self.inner.clients.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = clients.get(&key) {
             return Ok(c.clone());
@@ -182,7 +186,25 @@ impl Registry {
             }
             roots.extend(certs);
         }
-        let client = build_client(ep.skip_verify, roots).map_err(|e| RegistryError::Config {
+        let identity = match &ep.client {
+            None => None,
+            Some((cert, key)) => {
+                let err =
+                    |path: &PathBuf, reason: String| RegistryError::Config { path: path.display().to_string(), reason };
+                let mut pem = std::fs::read(cert)
+                    .map_err(|e| err(cert, format!("the client certificate of {}: {e}", ep.base)))?;
+                if let Some(key) = key {
+                    pem.push(b'\n');
+                    pem.extend(
+                        std::fs::read(key).map_err(|e| err(key, format!("the client key of {}: {e}", ep.base)))?,
+                    );
+                }
+                Some(reqwest::Identity::from_pem(&pem).map_err(|e| {
+                    err(cert, format!("the client certificate and key of {} are not a usable PEM pair: {e}", ep.base))
+                })?)
+            }
+        };
+        let client = build_client(ep.skip_verify, roots, identity).map_err(|e| RegistryError::Config {
             path: "hosts.toml".into(),
             reason: format!("an HTTP client for {}: {}", ep.base, super::with_causes(&e)),
         })?;
@@ -619,6 +641,9 @@ impl Registry {
         let cached = self.inner.auth.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
         let attempt = |auth: Option<String>| {
             let mut req = build(client.request(method.clone(), &url));
+            for (name, value) in &ep.headers {
+                req = req.header(name, value);
+            }
             if let Some(a) = auth {
                 req = req.header(AUTHORIZATION, a);
             }
@@ -725,8 +750,16 @@ fn passes(e: &RegistryError) -> bool {
     }
 }
 
-fn build_client(skip_verify: bool, roots: Vec<reqwest::Certificate>) -> Result<reqwest::Client, reqwest::Error> {
-    reqwest::Client::builder()
+fn build_client(
+    skip_verify: bool,
+    roots: Vec<reqwest::Certificate>,
+    identity: Option<reqwest::Identity>,
+) -> Result<reqwest::Client, reqwest::Error> {
+    let builder = match identity {
+        Some(id) => reqwest::Client::builder().identity(id),
+        None => reqwest::Client::builder(),
+    };
+    builder
         .connect_timeout(Duration::from_secs(10))
         .read_timeout(Duration::from_secs(60))
         .danger_accept_invalid_certs(skip_verify)
@@ -923,6 +956,46 @@ mod tests {
         assert_eq!(&got[..], b"abcd");
         let asked = |n: &std::sync::atomic::AtomicUsize| n.load(std::sync::atomic::Ordering::SeqCst);
         assert_eq!((asked(&asked_mirror), asked(&asked_server)), (1, 1));
+    }
+
+    /// A host's `header` table in hosts.toml goes with every request to that host, and only
+    /// to it.
+    #[tokio::test]
+    async fn a_hosts_headers_go_with_its_requests() {
+        use super::*;
+        let ok = "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-3/10\r\nContent-Length: 4\r\n\
+                  Connection: close\r\n\r\nabcd";
+        let refused = "HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        let (mirror, _) = serve_by(1, move |head| {
+            let lower = head.to_ascii_lowercase();
+            if lower.contains("x-api-key: k1\r\n")
+                && lower.contains("x-multi: v1\r\n")
+                && lower.contains("x-multi: v2\r\n")
+            {
+                ok
+            } else {
+                refused
+            }
+        });
+        let (server, _) =
+            serve_by(1, move |head| if head.to_ascii_lowercase().contains("x-api-key") { refused } else { ok });
+        let hosts = tempfile::tempdir().unwrap();
+        std::fs::create_dir(hosts.path().join("registry.test")).unwrap();
+        std::fs::write(
+            hosts.path().join("registry.test/hosts.toml"),
+            format!(
+                "server = \"http://{server}\"\n[host.\"http://{mirror}\"]\n  capabilities = [\"pull\"]\n\
+                 [host.\"http://{mirror}\".header]\n    x-api-key = \"k1\"\n    x-multi = [\"v1\", \"v2\"]\n"
+            ),
+        )
+        .unwrap();
+        let reg = Registry::new(Hosts::new(Some(hosts.path())), Credentials::default());
+        let image = ImageRef::parse("registry.test/strata/x:1").unwrap();
+        let digest = format!("sha256:{}", "7".repeat(64));
+        assert_eq!(&reg.blob_range(&image, &digest, 0..4).await.unwrap()[..], b"abcd", "the mirror got its headers");
+        // The server's own request (a manifest by tag resolves there only) carries none.
+        let e = reg.manifest(&image).await.unwrap_err().to_string();
+        assert!(!e.contains("403"), "{e}");
     }
 
     /// A body that breaks off mid-transfer is asked for again from where it stopped, and the

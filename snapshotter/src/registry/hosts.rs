@@ -1,6 +1,7 @@
 //! Where a registry host is reached, in containerd's `hosts.toml` layout: under `config_path`,
 //! `<host[:port]>/hosts.toml` (else `_default/hosts.toml`) lists mirrors (`[host."URL"]`, tried
-//! in order, each with `capabilities`, `skip_verify` and `ca`) and the upstream `server`.
+//! in order, each with `capabilities`, `skip_verify`, `ca`, `client` and `header`) and the
+//! upstream `server`.
 
 use super::RegistryError;
 use serde::Deserialize;
@@ -13,6 +14,11 @@ pub struct Endpoint {
     pub skip_verify: bool,
     /// PEM files of certificate authorities trusted for this host, beside the system's.
     pub ca: Vec<PathBuf>,
+    /// The client certificate this host asks for (mutual TLS), and its key when that is in a
+    /// file of its own.
+    pub client: Option<(PathBuf, Option<PathBuf>)>,
+    /// Headers sent with every request to this host (`[host."URL".header]`).
+    pub headers: Vec<(String, String)>,
     /// Can resolve tags to digests (manifests by tag).
     pub resolve: bool,
     /// Can serve content by digest.
@@ -22,8 +28,6 @@ pub struct Endpoint {
 }
 
 /// A `hosts.toml`: the upstream's settings at the top level, mirrors under `[host."URL"]`.
-/// Keys Strata does not use (`client`, `header`) are accepted and ignored, so files written for
-/// containerd load.
 #[derive(Deserialize, Default)]
 struct HostsFile {
     server: Option<String>,
@@ -39,6 +43,24 @@ struct HostEntry {
     skip_verify: Option<bool>,
     override_path: Option<bool>,
     ca: Option<OneOrMany>,
+    client: Option<ClientSetting>,
+    header: Option<std::collections::BTreeMap<String, OneOrMany>>,
+}
+
+/// `client = "both.pem"` (certificate and key in one file), or a list whose items are such
+/// files or `["cert.pem", "key.pem"]` pairs, as containerd takes it; the first is used.
+#[derive(Deserialize, Clone)]
+#[serde(untagged)]
+enum ClientSetting {
+    One(String),
+    Many(Vec<ClientItem>),
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(untagged)]
+enum ClientItem {
+    Both(String),
+    Pair(Vec<String>),
 }
 
 /// `ca = "a.pem"` or `ca = ["a.pem", "b.pem"]`, as containerd takes it.
@@ -143,10 +165,42 @@ fn endpoint(url: &str, entry: &HostEntry, dir: &Path) -> Result<Endpoint, String
         Some(OneOrMany::One(p)) => vec![dir.join(p)],
         Some(OneOrMany::Many(ps)) => ps.iter().map(|p| dir.join(p)).collect(),
     };
+    let pair = |files: &[String]| match files {
+        [both] => Ok((dir.join(both), None)),
+        [cert, key] if key.is_empty() => Ok((dir.join(cert), None)),
+        [cert, key] => Ok((dir.join(cert), Some(dir.join(key)))),
+        _ => Err(format!("client of {url:?} must be a file, or a [certificate, key] pair")),
+    };
+    let client = match &entry.client {
+        None => None,
+        Some(ClientSetting::One(p)) => Some((dir.join(p), None)),
+        Some(ClientSetting::Many(items)) => match items.first() {
+            None => None,
+            Some(ClientItem::Both(p)) => Some((dir.join(p), None)),
+            Some(ClientItem::Pair(files)) => Some(pair(files)?),
+        },
+    };
+    let mut headers = Vec::new();
+    for (name, values) in entry.header.iter().flatten() {
+        let values = match values {
+            OneOrMany::One(v) => std::slice::from_ref(v),
+            OneOrMany::Many(vs) => vs.as_slice(),
+        };
+        for v in values {
+            let valid = reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_ok()
+                && reqwest::header::HeaderValue::from_str(v).is_ok();
+            if !valid {
+                return Err(format!("header {name:?} of {url:?} is not a valid HTTP header"));
+            }
+            headers.push((name.clone(), v.clone()));
+        }
+    }
     Ok(Endpoint {
         base,
         skip_verify: entry.skip_verify.unwrap_or(false),
         ca,
+        client,
+        headers,
         resolve: caps.contains(&"resolve"),
         pull: caps.contains(&"pull"),
         push: caps.contains(&"push"),
@@ -168,7 +222,16 @@ fn default_endpoint(host: &str) -> Endpoint {
         h if is_loopback(h) => format!("http://{h}/v2"),
         h => format!("https://{h}/v2"),
     };
-    Endpoint { base, skip_verify: false, ca: vec![], resolve: true, pull: true, push: true }
+    Endpoint {
+        base,
+        skip_verify: false,
+        ca: vec![],
+        client: None,
+        headers: vec![],
+        resolve: true,
+        pull: true,
+        push: true,
+    }
 }
 
 #[cfg(test)]
@@ -219,6 +282,34 @@ mod tests {
         let bases: Vec<&str> = e.iter().map(|e| e.base.as_str()).collect();
         assert_eq!(bases, ["https://mirror.corp:5000/v2", "https://reg.corp/v2"]);
         assert!(e[0].pull && e[0].resolve && !e[0].push);
+    }
+
+    #[test]
+    fn client_certificates_and_headers_are_read_as_containerd_writes_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("reg.corp");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(
+            d.join("hosts.toml"),
+            "server = \"https://reg.corp\"\nclient = \"both.pem\"\n\
+             [host.\"https://a.corp\"]\n  client = [[\"a.crt\", \"a.key\"]]\n\
+               [host.\"https://a.corp\".header]\n    x-api-key = \"k1\"\n    x-multi = [\"v1\", \"v2\"]\n\
+             [host.\"https://b.corp\"]\n  client = [[\"/etc/b.crt\", \"/etc/b.key\"], [\"other.crt\", \"\"]]\n\
+             [host.\"https://c.corp\"]\n  client = [\"c-both.pem\", \"c-other.pem\"]\n",
+        )
+        .unwrap();
+        let e = Hosts::new(Some(dir.path())).endpoints("reg.corp").unwrap();
+        assert_eq!(e[0].client, Some((d.join("a.crt"), Some(d.join("a.key")))));
+        let headers: Vec<(&str, &str)> = e[0].headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        assert_eq!(headers, [("x-api-key", "k1"), ("x-multi", "v1"), ("x-multi", "v2")]);
+        assert_eq!(e[1].client, Some(("/etc/b.crt".into(), Some("/etc/b.key".into()))));
+        // A list of strings is of files that each hold a certificate and its key.
+        assert_eq!(e[2].client, Some((d.join("c-both.pem"), None)));
+        assert_eq!(e[3].client, Some((d.join("both.pem"), None)));
+        assert!(e[3].headers.is_empty());
+        std::fs::write(d.join("hosts.toml"), "[host.\"https://a.corp\".header]\n  \"bad header\" = \"v\"\n").unwrap();
+        let err = Hosts::new(Some(dir.path())).endpoints("reg.corp").unwrap_err().to_string();
+        assert!(err.contains("not a valid HTTP header"), "{err}");
     }
 
     #[test]
