@@ -95,6 +95,7 @@ impl TieredCache {
         std::fs::create_dir_all(&config.state_dir)
             .map_err(|e| CacheError::io("creating state dir", &config.state_dir, e))?;
         let lock = restore::lock_state_dir(&config.state_dir)?;
+        restore::remove_stale_temps(&config.state_dir);
         let metrics = Metrics::default();
         let core = Core {
             tiers: [Some(hot), warm],

@@ -139,6 +139,25 @@ pub(crate) fn lock_state_dir(dir: &Path) -> Result<std::fs::File, CacheError> {
     }
 }
 
+/// Removes the temp files of state writes that a crash or power cut interrupted. Called with
+/// the state dir's lock held, so no other process is writing one.
+pub(crate) fn remove_stale_temps(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let ours = [PINS_FILE, ACCESS_FILE].iter().any(|f| name.starts_with(&format!(".{f}.")));
+        if ours && name.ends_with(".tmp") {
+            match std::fs::remove_file(e.path()) {
+                Ok(()) => tracing::info!(file = name, "removed the temp file of an interrupted state write"),
+                Err(err) => {
+                    warn!(file = name, error = %err, "cannot remove the temp file of an interrupted state write")
+                }
+            }
+        }
+    }
+}
+
 /// Replaces the state file `name` in `dir` whole and durably: a crash or power cut leaves the
 /// old file or the new one, never an empty or torn one that the next start would set aside,
 /// losing every pin. The temp file is this write's own: another process on the same cache may
@@ -194,4 +213,23 @@ fn load_access(dir: &Path) -> HashMap<String, (u64, u64)> {
 pub(crate) fn save_access(core: &Core) -> Result<(), CacheError> {
     let snapshot = core.access_snapshot();
     write_state(&core.state_dir, ACCESS_FILE, &serde_json::to_vec(&snapshot).expect("access map serialises"))
+}
+
+#[cfg(test)]
+mod stale_temp_tests {
+    use super::*;
+
+    #[test]
+    fn temps_of_interrupted_state_writes_are_removed_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for name in [".pins.json.4242.0.tmp", ".access.json.17.3.tmp", "pins.json", ".other.tmp", "lock"] {
+            std::fs::write(d.join(name), b"x").unwrap();
+        }
+        remove_stale_temps(d);
+        let mut left: Vec<String> =
+            std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        left.sort();
+        assert_eq!(left, [".other.tmp", "lock", "pins.json"]);
+    }
 }
