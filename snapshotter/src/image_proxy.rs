@@ -108,12 +108,14 @@ impl Shared {
             }
         };
         // The login is used during the pull (containerd prepares the layers before it answers),
-        // so it is kept first; a pull that failed, most likely for a wrong or expired login,
-        // gives back the place of the one before. containerd answers a failure without a body,
-        // its status in the headers.
+        // so it is taken first; a pull that failed, most likely for a wrong or expired login,
+        // gives its place back to the last that worked. containerd answers a failure without a
+        // body, its status in the headers. A kept login is written to disk, off the runtime.
         if let Some(r) = remembered {
             let count = |login| self.metrics.cri_pulls.get_or_create(&CriPullLabel { login }).inc();
             if succeeded(&answer) {
+                let keychain = self.keychain.clone();
+                let _ = tokio::task::spawn_blocking(move || keychain.confirm(r)).await;
                 count("kept");
             } else {
                 tracing::debug!("a CRI pull failed; its login is not kept");

@@ -172,6 +172,7 @@ pub async fn fetch_token(
     service: Option<&str>,
     scope: &str,
     login: Option<&Login>,
+    headers: &[(String, String)],
 ) -> Result<String, RegistryError> {
     let auth_err = |reason: String| RegistryError::Auth { url: realm.to_owned(), reason };
     let mut url =
@@ -181,6 +182,11 @@ pub async fn fetch_token(
         url.query_pairs_mut().append_pair("service", s);
     }
     let mut req = client.get(url);
+    // The host's own headers go to its token service too, as containerd sends them: a gateway
+    // may want them there.
+    for (name, value) in headers {
+        req = req.header(name, value);
+    }
     if let Some(l) = login {
         req = req.header(reqwest::header::AUTHORIZATION, l.basic_header());
     }

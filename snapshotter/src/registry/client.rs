@@ -79,7 +79,7 @@ struct RawPlatform {
     os: String,
 }
 
-type TlsKey = (bool, Vec<PathBuf>, Option<(PathBuf, Option<PathBuf>)>);
+type TlsKey = (bool, Vec<PathBuf>, Option<(PathBuf, Option<PathBuf>)>, Vec<Option<std::time::SystemTime>>);
 
 /// What an endpoint must be able to do for a request: its `hosts.toml` capability.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,8 +128,10 @@ impl Registry {
         // The client most endpoints use is made now: building one loads the system's trust
         // roots, which took 25 ms of a layer's first request when it was left to then. If it
         // fails, the first request that needs it reports why.
-        let clients =
-            build_client(false, Vec::new(), None).map(|c| ((false, Vec::new(), None), c)).into_iter().collect();
+        let clients = build_client(false, Vec::new(), None)
+            .map(|c| ((false, Vec::new(), None, Vec::new()), c))
+            .into_iter()
+            .collect();
         Registry {
             inner: Arc::new(Inner {
                 hosts,
@@ -170,7 +172,11 @@ impl Registry {
     /// The client for `ep`'s TLS settings. Its CA files are read when first needed, so a bad
     /// one fails the reads of that host with the file's name, not the whole daemon.
     fn client_for(&self, ep: &Endpoint) -> Result<reqwest::Client, RegistryError> {
-        let key = (ep.skip_verify, ep.ca.clone(), ep.client.clone());
+        // The files' times are part of the key: a certificate renewed in place (cert-manager,
+        // a CA rotated) is read again, as containerd reads them at each pull.
+        let files = ep.ca.iter().chain(ep.client.iter().flat_map(|(c, k)| std::iter::once(c).chain(k)));
+        let stamps = files.map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok()).collect();
+        let key = (ep.skip_verify, ep.ca.clone(), ep.client.clone(), stamps);
         let mut clients = self.inner.clients.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = clients.get(&key) {
             return Ok(c.clone());
@@ -678,7 +684,9 @@ impl Registry {
                     },
                     Some(Challenge::Bearer { realm, service, scope }) => {
                         let scope = scope.clone().unwrap_or_else(|| format!("repository:{}:pull", image.repository));
-                        match fetch_token(client, realm, service.as_deref(), &scope, login.map(|(l, _)| l)).await {
+                        match fetch_token(client, realm, service.as_deref(), &scope, login.map(|(l, _)| l), &ep.headers)
+                            .await
+                        {
                             Ok(token) => format!("Bearer {token}"),
                             Err(e) => {
                                 refused = Some(e);
@@ -977,8 +985,10 @@ mod tests {
                 refused
             }
         });
-        let (server, _) =
-            serve_by(1, move |head| if head.to_ascii_lowercase().contains("x-api-key") { refused } else { ok });
+        let (server, _) = serve_by(1, move |head| {
+            // The server answers no blob read: the mirror's answer is the only way to the bytes.
+            if head.to_ascii_lowercase().contains("x-api-key") || head.contains("/blobs/") { refused } else { ok }
+        });
         let hosts = tempfile::tempdir().unwrap();
         std::fs::create_dir(hosts.path().join("registry.test")).unwrap();
         std::fs::write(

@@ -128,10 +128,13 @@ impl Hosts {
         for (url, entry) in &parsed.host.0 {
             out.push(endpoint(url, entry, dir).map_err(&err)?);
         }
-        match &parsed.server {
-            Some(url) => out.push(endpoint(url, &parsed.upstream, dir).map_err(&err)?),
-            None => out.push(default_endpoint(host)),
-        }
+        // Without `server`, the top-level settings (a `_default` file's `ca`, `client`, ...)
+        // are the default endpoint's, as containerd applies them.
+        let server = match &parsed.server {
+            Some(url) => url.clone(),
+            None => default_endpoint(host).base.trim_end_matches("/v2").to_owned(),
+        };
+        out.push(endpoint(&server, &parsed.upstream, dir).map_err(&err)?);
         Ok(out)
     }
 }
@@ -310,6 +313,23 @@ mod tests {
         std::fs::write(d.join("hosts.toml"), "[host.\"https://a.corp\".header]\n  \"bad header\" = \"v\"\n").unwrap();
         let err = Hosts::new(Some(dir.path())).endpoints("reg.corp").unwrap_err().to_string();
         assert!(err.contains("not a valid HTTP header"), "{err}");
+    }
+
+    #[test]
+    fn top_level_settings_without_a_server_are_the_default_endpoints() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("_default");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("hosts.toml"), "ca = \"corp-ca.pem\"\n[header]\n  x-team = \"ml\"\n").unwrap();
+        let e = Hosts::new(Some(dir.path())).endpoints("reg.corp").unwrap();
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].base, "https://reg.corp/v2");
+        assert_eq!(e[0].ca, [d.join("corp-ca.pem")]);
+        assert_eq!(e[0].headers, [("x-team".to_owned(), "ml".to_owned())]);
+        let e = Hosts::new(Some(dir.path())).endpoints("docker.io").unwrap();
+        assert_eq!(e[0].base, "https://registry-1.docker.io/v2");
+        let e = Hosts::new(Some(dir.path())).endpoints("127.0.0.1:5000").unwrap();
+        assert_eq!(e[0].base, "http://127.0.0.1:5000/v2", "loopback stays plain HTTP");
     }
 
     #[test]

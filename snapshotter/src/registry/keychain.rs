@@ -24,6 +24,26 @@ pub struct Keychain {
     inner: Mutex<Inner>,
     /// Where they are kept, once [`Keychain::keep_in`] said.
     file: OnceLock<PathBuf>,
+    /// Held while the file is written, with the generation last written: writes happen
+    /// outside `inner`'s lock, and an older one never replaces a newer.
+    writing: Mutex<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    by_repo: HashMap<(String, String), Entry>,
+    /// Counts remembers, so the oldest entry can be found when the map is full.
+    clock: u64,
+    /// Counts changes of the confirmed logins, which are what the file holds.
+    generation: u64,
+}
+
+/// A repository's logins: the newest pull's, in use from the moment the pull starts, and
+/// the newest one a pull succeeded with, which a failed pull's gives its place back to.
+#[derive(Debug, Clone)]
+struct Entry {
+    current: Captured,
+    confirmed: Option<Captured>,
 }
 
 /// A login as the file keeps it.
@@ -36,19 +56,12 @@ struct Kept {
     server: Option<String>,
 }
 
-/// What [`Keychain::remember`] replaced, for [`Keychain::undo`] if the pull then fails.
+/// A login [`Keychain::remember`] took, for [`Keychain::confirm`] or [`Keychain::undo`] once
+/// its pull has ended.
 #[derive(Debug)]
 pub struct Remembered {
     key: (String, String),
-    at: u64,
-    previous: Option<Captured>,
-}
-
-#[derive(Debug, Default)]
-struct Inner {
-    by_repo: HashMap<(String, String), Captured>,
-    /// Counts remembers, so the oldest entry can be found when the map is full.
-    clock: u64,
+    captured: Captured,
 }
 
 #[derive(Debug, Clone)]
@@ -106,8 +119,8 @@ fn key(image: &ImageRef) -> (String, String) {
 }
 
 impl Keychain {
-    /// Keeps the logins in `file` from now on, after taking those it holds. A file that
-    /// cannot be read is reported and left: the logins come back with the next pulls.
+    /// Keeps the confirmed logins in `file` from now on, after taking those it holds. A file
+    /// that cannot be read is reported and left: the logins come back with the next pulls.
     pub fn keep_in(&self, file: &Path) {
         if self.file.set(file.to_owned()).is_err() {
             return;
@@ -131,52 +144,75 @@ impl Keychain {
             inner.clock += 1;
             let at = inner.clock;
             let login = Login { username: k.username, password: k.password };
-            inner.by_repo.insert((k.host, k.repository), Captured { login, server: k.server, at });
+            let c = Captured { login, server: k.server, at };
+            inner.by_repo.insert((k.host, k.repository), Entry { current: c.clone(), confirmed: Some(c) });
         }
     }
 
-    /// Keeps `login` for `image`'s repository, for `server_address` alone if it is not empty.
-    /// A later pull's login replaces it; [`Keychain::undo`] puts the one before back.
+    /// Uses `login` for `image`'s repository from now on, for `server_address` alone if it is
+    /// not empty: containerd prepares the layers before the pull ends. Once the pull ends,
+    /// [`Keychain::confirm`] keeps it, or [`Keychain::undo`] gives the place back.
     pub fn remember(&self, image: &ImageRef, login: Login, server_address: &str) -> Remembered {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.clock += 1;
         let at = inner.clock;
         let key = key(image);
         let server = Some(server_address.trim()).filter(|s| !s.is_empty()).map(normalise_host);
-        if inner.by_repo.len() >= MAX_LOGINS && !inner.by_repo.contains_key(&key) {
-            let oldest = inner.by_repo.iter().min_by_key(|(_, c)| c.at).map(|(k, _)| k.clone());
-            if let Some(k) = oldest {
-                inner.by_repo.remove(&k);
+        let current = Captured { login, server, at };
+        let captured = current.clone();
+        match inner.by_repo.get_mut(&key) {
+            Some(e) => e.current = current,
+            None => {
+                if inner.by_repo.len() >= MAX_LOGINS {
+                    let oldest = inner.by_repo.iter().min_by_key(|(_, e)| e.current.at).map(|(k, _)| k.clone());
+                    if let Some(k) = oldest {
+                        inner.by_repo.remove(&k);
+                    }
+                }
+                inner.by_repo.insert(key.clone(), Entry { current, confirmed: None });
             }
         }
-        let same = inner.by_repo.get(&key).is_some_and(|c| c.login == login && c.server == server);
-        let previous = inner.by_repo.insert(key.clone(), Captured { login, server, at });
-        if !same {
-            self.save(&inner);
-        }
-        Remembered { key, at, previous }
+        Remembered { key, captured }
     }
 
-    /// Puts back what `done` replaced, unless a later pull's login has replaced it since: the
-    /// pull failed, most likely for a wrong or expired login, which must not take the place of
-    /// one that works.
-    pub fn undo(&self, done: Remembered) {
+    /// The pull succeeded: its login is the one to fall back to, and is kept on disk, unless
+    /// a pull that started later succeeded first.
+    pub fn confirm(&self, done: Remembered) {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if inner.by_repo.get(&done.key).is_none_or(|c| c.at != done.at) {
+        let Some(e) = inner.by_repo.get_mut(&done.key) else { return };
+        if e.confirmed.as_ref().is_some_and(|c| c.at > done.captured.at) {
             return;
         }
-        match done.previous {
-            Some(p) => inner.by_repo.insert(done.key, p),
-            None => inner.by_repo.remove(&done.key),
-        };
-        self.save(&inner);
+        let c = done.captured;
+        let changed = e.confirmed.as_ref().is_none_or(|k| k.login != c.login || k.server != c.server);
+        e.confirmed = Some(c);
+        if changed {
+            self.save(inner);
+        }
+    }
+
+    /// The pull failed, most likely for a wrong or expired login, which must not take the
+    /// place of one that works: the repository goes back to its last confirmed login, unless
+    /// a later pull's is in use already.
+    pub fn undo(&self, done: Remembered) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(e) = inner.by_repo.get_mut(&done.key) else { return };
+        if e.current.at != done.captured.at {
+            return;
+        }
+        match e.confirmed.clone() {
+            Some(c) => e.current = c,
+            None => {
+                inner.by_repo.remove(&done.key);
+            }
+        }
     }
 
     /// The login a CRI pull gave for `image`'s repository, if it may be sent to `host` (one of
     /// the image's endpoints: a mirror, or the registry itself).
     pub fn login(&self, image: &ImageRef, host: &str) -> Option<Login> {
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let c = inner.by_repo.get(&key(image))?;
+        let c = &inner.by_repo.get(&key(image))?.current;
         match &c.server {
             Some(server) if *server != normalise_host(host) => None,
             _ => Some(c.login.clone()),
@@ -191,29 +227,41 @@ impl Keychain {
         self.len() == 0
     }
 
-    /// Writes the logins to their file whole (mode 0600: they are secrets), replacing it
-    /// durably. A failure is reported; the logins in memory still serve.
-    fn save(&self, inner: &Inner) {
+    /// Writes the confirmed logins to their file whole (mode 0600: they are secrets),
+    /// replacing it durably, after letting go of `inner`, so the fsyncs never hold up the
+    /// lazy reads that look a login up. A failure is reported; the logins in memory serve.
+    fn save(&self, mut inner: std::sync::MutexGuard<'_, Inner>) {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         let Some(path) = self.file.get() else { return };
+        inner.generation += 1;
+        let generation = inner.generation;
         let kept: Vec<Kept> = inner
             .by_repo
             .iter()
-            .map(|((host, repository), c)| Kept {
-                host: host.clone(),
-                repository: repository.clone(),
-                username: c.login.username.clone(),
-                password: c.login.password.clone(),
-                server: c.server.clone(),
+            .filter_map(|((host, repository), e)| {
+                let c = e.confirmed.as_ref()?;
+                Some(Kept {
+                    host: host.clone(),
+                    repository: repository.clone(),
+                    username: c.login.username.clone(),
+                    password: c.login.password.clone(),
+                    server: c.server.clone(),
+                })
             })
             .collect();
+        drop(inner);
         let Ok(bytes) = serde_json::to_vec(&kept) else { return };
+        let mut written_gen = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+        if *written_gen > generation {
+            return;
+        }
         let tmp = path.with_extension("tmp");
+        // A temp file a crash left may have any mode: it is replaced, never reused.
+        let _ = std::fs::remove_file(&tmp);
         let written = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
             .open(&tmp)
             .and_then(|mut f| f.write_all(&bytes).and_then(|_| f.sync_all()))
@@ -222,9 +270,12 @@ impl Keychain {
                 Some(dir) => std::fs::File::open(dir).and_then(|d| d.sync_all()),
                 None => Ok(()),
             });
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            tracing::warn!(path = %path.display(), error = %e, "cannot keep the CRI pull logins on disk; they last until a restart");
+        match written {
+            Ok(()) => *written_gen = generation,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                tracing::warn!(path = %path.display(), error = %e, "cannot keep the CRI pull logins on disk; they last until a restart");
+            }
         }
     }
 }
@@ -267,17 +318,25 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_pulls_login_gives_back_the_place_of_the_one_before() {
+    fn a_failed_pulls_login_gives_back_the_place_of_the_last_that_worked() {
         let k = Keychain::default();
-        k.remember(&image("reg.io/app:1"), login("good"), "");
+        k.confirm(k.remember(&image("reg.io/app:1"), login("good"), ""));
         let wrong = k.remember(&image("reg.io/app:1"), login("wrong"), "");
+        assert_eq!(k.login(&image("reg.io/app"), "reg.io").unwrap().username, "wrong", "in use during its pull");
         k.undo(wrong);
+        assert_eq!(k.login(&image("reg.io/app"), "reg.io").unwrap().username, "good");
+        // Two failing pulls at once, ending in either order, leave the login that worked.
+        let a = k.remember(&image("reg.io/app:1"), login("wrong-a"), "");
+        let b = k.remember(&image("reg.io/app:1"), login("wrong-b"), "");
+        k.undo(a);
+        k.undo(b);
         assert_eq!(k.login(&image("reg.io/app"), "reg.io").unwrap().username, "good");
         // A pull that came after the failed one keeps its login.
         let failed = k.remember(&image("reg.io/app:1"), login("expired"), "");
-        k.remember(&image("reg.io/app:2"), login("fresh"), "");
+        let fresh = k.remember(&image("reg.io/app:2"), login("fresh"), "");
         k.undo(failed);
         assert_eq!(k.login(&image("reg.io/app"), "reg.io").unwrap().username, "fresh");
+        k.confirm(fresh);
         // The first pull of a repository failing leaves no login for it.
         let first = k.remember(&image("reg.io/other:1"), login("wrong"), "");
         k.undo(first);
@@ -301,14 +360,20 @@ mod tests {
         let file = dir.path().join("cri-logins.json");
         let k = Keychain::default();
         k.keep_in(&file);
-        k.remember(&image("reg.io/app:1"), login("alice"), "");
-        k.remember(&image("reg.io/named:1"), login("bob"), "reg.io");
+        // A temp file a crash left, readable by all, is not reused.
+        std::fs::write(file.with_extension("tmp"), b"[]").unwrap();
+        std::fs::set_permissions(file.with_extension("tmp"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        k.confirm(k.remember(&image("reg.io/app:1"), login("alice"), ""));
+        k.confirm(k.remember(&image("reg.io/named:1"), login("bob"), "reg.io"));
+        // A pull still going on is not written down.
+        let _going = k.remember(&image("reg.io/going:1"), login("carol"), "");
         assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
         let again = Keychain::default();
         again.keep_in(&file);
         assert_eq!(again.login(&image("reg.io/app"), "mirror.local").unwrap().password, "alice-pw");
         assert!(again.login(&image("reg.io/named"), "mirror.local").is_none(), "its server is kept too");
         assert_eq!(again.login(&image("reg.io/named"), "reg.io").unwrap().username, "bob");
+        assert!(again.login(&image("reg.io/going"), "reg.io").is_none(), "only logins a pull succeeded with");
         // A damaged file is set aside with a warning, not fatal.
         std::fs::write(&file, "{").unwrap();
         let damaged = Keychain::default();

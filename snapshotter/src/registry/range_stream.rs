@@ -109,6 +109,8 @@ impl RangeStream {
                     }
                     Ok(None) if self.got == want => return Ok(None),
                     Ok(None) => bad(format!("{} bytes", self.got)),
+                    // Every byte came, and only the body's end was lost: nothing to ask for.
+                    Err(_) if self.got == want => return Ok(None),
                     Err(e) => ended_early(&self.url, self.got, Some(want), &e),
                 },
                 // The reader applies the checks above; it only ever ends early by being stopped.
