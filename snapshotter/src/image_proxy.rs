@@ -92,6 +92,9 @@ impl Shared {
         } else {
             (req, None)
         };
+        // Dropped without an answer (kubelet gave up on the pull, or the daemon is stopping):
+        // the pull did not succeed, so its login gives its place back.
+        let mut pending = Pending { keychain: self.keychain.clone(), remembered };
         let answer = match self.containerd.clone().oneshot(req).await {
             Ok(resp) => resp.map(Body::new),
             Err(e) if timed_out(&e) => {
@@ -111,7 +114,7 @@ impl Shared {
         // so it is taken first; a pull that failed, most likely for a wrong or expired login,
         // gives its place back to the last that worked. containerd answers a failure without a
         // body, its status in the headers. A kept login is written to disk, off the runtime.
-        if let Some(r) = remembered {
+        if let Some(r) = pending.remembered.take() {
             let count = |login| self.metrics.cri_pulls.get_or_create(&CriPullLabel { login }).inc();
             if succeeded(&answer) {
                 let keychain = self.keychain.clone();
@@ -180,6 +183,20 @@ impl Shared {
                 count("unusable");
                 None
             }
+        }
+    }
+}
+
+/// A pull's login until its answer says whether to keep it.
+struct Pending {
+    keychain: Arc<Keychain>,
+    remembered: Option<Remembered>,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(r) = self.remembered.take() {
+            self.keychain.undo(r);
         }
     }
 }
@@ -285,6 +302,48 @@ mod tests {
         stop.send(()).unwrap();
         served.await.unwrap().unwrap();
         assert!(!socket.exists(), "the socket is removed at shutdown");
+    }
+
+    /// A pull kubelet gives up on never ends with an answer: its login is in use while it runs
+    /// and gives its place back once the call is gone.
+    #[tokio::test]
+    async fn a_pull_given_up_on_leaves_no_login() {
+        use crate::proto::cri::image_service_client::ImageServiceClient;
+        let dir = tempfile::tempdir().unwrap();
+        let (socket, containerd) = (dir.path().join("image.sock"), dir.path().join("containerd.sock"));
+        // A containerd that takes connections and never answers.
+        let silent = UnixListener::bind(&containerd).unwrap();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = silent.accept().await {
+                held.push(conn);
+            }
+        });
+        let listener = crate::server::bind(&socket).await.unwrap();
+        let keychain = Arc::new(Keychain::default());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(serve(listener, containerd, keychain.clone(), Metrics::default(), async {
+            let _ = stopped.await;
+        }));
+        let mut client = ImageServiceClient::new(crate::server::channel(&socket).await.unwrap());
+        let pull = PullImageRequest {
+            image: Some(ImageSpec { image: "reg.io/app:1".into(), ..Default::default() }),
+            auth: Some(AuthConfig { username: "u".into(), password: "p".into(), ..Default::default() }),
+        };
+        let image = ImageRef::parse("reg.io/app:1").unwrap();
+        let call = tokio::spawn(async move { client.pull_image(pull).await });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while keychain.login(&image, "reg.io").is_none() {
+            assert!(std::time::Instant::now() < deadline, "the pull's login was never taken");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        call.abort();
+        while keychain.login(&image, "reg.io").is_some() {
+            assert!(std::time::Instant::now() < deadline, "a pull given up on left its login");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        stop.send(()).unwrap();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), served).await;
     }
 
     #[test]
