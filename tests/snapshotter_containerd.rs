@@ -103,7 +103,7 @@ fn a_killed_daemon_restarts_with_its_snapshots_and_containers_keep_working() {
     assert_eq!(after, before);
     let out = node.ctr(&["tasks", "exec", "--exec-id", "probe", "long", "cat", "/etc/motd"]);
     assert_eq!(out, "strata layer two\n", "the running container kept its rootfs");
-    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "after-restart", "echo", "started"]);
+    let out = node.run_out(&image, "after-restart", &["echo", "started"]);
     assert_eq!(out, "started\n");
 }
 
@@ -308,7 +308,7 @@ fn the_prefetch_region_is_fetched_in_one_read_and_serves_the_start() {
 
     // Running busybox needs nothing of the base layer beyond its prefetch region: the one
     // ranged read of it is all the layer fetched.
-    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "prefetched", "busybox", "echo", "hi"]);
+    let out = node.run_out(&image, "prefetched", &["busybox", "echo", "hi"]);
     assert_eq!(out, "hi\n");
     let reports = node.layers_report();
     let base = reports.iter().find(|l| l["layer"] == layers[0].as_str()).unwrap_or_else(|| panic!("{reports:#?}"));
@@ -345,13 +345,12 @@ fn region_fetched_once(node: &Node, layer: &str) {
     assert!(fetched <= region, "no second fetch: {base:#}");
 }
 
-/// Runs `ctr run --rm IMAGE NAME busybox echo hi` on `node` while watching containerd's tasks
+/// Runs `busybox echo hi` in a new container of `image` on `node` while watching containerd's tasks
 /// and the layer's prefetch: whether the container's task was seen while the prefetch was
 /// still on the wire. The run's output is checked.
 fn task_seen_before_prefetch(node: &Node, image: &str, name: &str, layer: &str) -> bool {
     std::thread::scope(|s| {
-        let run =
-            s.spawn(|| node.ctr(&["run", "--rm", "--snapshotter", "strata", image, name, "busybox", "echo", "hi"]));
+        let run = s.spawn(|| node.run_out(image, name, &["busybox", "echo", "hi"]));
         let mut seen = false;
         while !run.is_finished() {
             // The task is listed first, the prefetch read after: a task listed before a
@@ -413,7 +412,7 @@ fn a_container_waits_for_its_layers_prefetch_and_the_pull_does_not() {
     let node = Node::start_with("background_fetch = false\nprefetch_timeout = \"1s\"");
     let out = node.containerd.ctr_remote(&["image", "rpull", "--plain-http", "--snapshotter", "strata", &image]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "late", "busybox", "echo", "hi"]);
+    let out = node.run_out(&image, "late", &["busybox", "echo", "hi"]);
     assert_eq!(out, "hi\n");
     let log = node.daemon.log();
     assert!(log.contains("prefetch not done in time; reads fetch on demand from now on"), "{log}");
@@ -425,7 +424,7 @@ fn a_container_waits_for_its_layers_prefetch_and_the_pull_does_not() {
     let node = Node::start_with("background_fetch = false\nprefetch_async_size = \"0\"");
     let out = node.containerd.ctr_remote(&["image", "rpull", "--plain-http", "--snapshotter", "strata", &image]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "async", "busybox", "echo", "hi"]);
+    let out = node.run_out(&image, "async", &["busybox", "echo", "hi"]);
     assert_eq!(out, "hi\n");
     assert_eq!(prefetch_waits(&node).0, 0, "no container waited for a region over the async size");
     let log = node.daemon.log();
@@ -447,7 +446,7 @@ fn a_registry_without_suffix_ranges_still_serves_lazy_layers() {
     let out = node.containerd.ctr_remote(&["image", "rpull", "--plain-http", "--snapshotter", "strata", &image]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     node.layer_when(&layers[0], |l| l["lazy"] == true);
-    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "no-suffix", "busybox", "echo", "hi"]);
+    let out = node.run_out(&image, "no-suffix", &["busybox", "echo", "hi"]);
     assert_eq!(out, "hi\n");
     let log = registry_log();
     let heads = log[mark..].lines().filter(|l| l.contains(&format!("HEAD /v2/strata/busybox/blobs/{} ", layers[0])));
@@ -466,21 +465,24 @@ fn after_a_restart_lazy_layers_mount_again_for_new_containers() {
 }
 
 /// `/etc/motd` of a new container of `image` (in containerd namespace `namespace`), once the
-/// restarted daemon serves the layers again (at most 30 s).
+/// restarted daemon serves the layers again (at most 30 s). The output comes through a file, as
+/// in [`Containerd::run_captured`].
 fn motd_after_restart(node: &Node, namespace: &str, image: &str) -> String {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     // runc's state is shared by the tests' containerds, so names differ.
     let name = format!("after-restart-{namespace}");
+    let out_dir = tempfile::tempdir().unwrap();
+    let bind = format!("type=bind,src={},dst=/strata-out,options=rbind:rw", out_dir.path().display());
     loop {
         let out = std::process::Command::new("ctr")
             .arg("--address")
             .arg(&node.containerd.address)
-            .args(["-n", namespace, "run", "--rm", "--snapshotter", "strata", image, &name])
-            .args(["cat", "/etc/motd"])
+            .args(["-n", namespace, "run", "--rm", "--snapshotter", "strata", "--mount", &bind, image, &name])
+            .args(["sh", "-c", "cat /etc/motd > /strata-out/stdout"])
             .output()
             .unwrap();
         if out.status.success() {
-            return String::from_utf8(out.stdout).unwrap();
+            return std::fs::read_to_string(out_dir.path().join("stdout")).unwrap();
         }
         assert!(
             std::time::Instant::now() < deadline,
@@ -856,7 +858,7 @@ fn a_registry_that_fails_or_flips_bytes_gives_clear_errors_and_never_wrong_bytes
         .unwrap_or(0);
     assert!(rejected >= 1, "the rejected chunk is counted:\n{metrics}");
     proxy.set(Fault::None);
-    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "healthy", "busybox", "echo", "hi"]);
+    let out = node.run_out(&image, "healthy", &["busybox", "echo", "hi"]);
     assert_eq!(out, "hi\n", "with the registry honest again, the same image runs");
 }
 
@@ -888,7 +890,7 @@ fn a_truncated_blob_is_a_clear_error_and_a_retry_works() {
     let out = rpull(&image);
     assert!(out.status.success(), "a retry works: {}", String::from_utf8_lossy(&out.stderr));
     node.layer_when(&layers[0], |l| l["lazy"] == true);
-    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "whole-again", "cat", "/etc/motd"]);
+    let out = node.run_out(&image, "whole-again", &["cat", "/etc/motd"]);
     assert_eq!(out, "strata layer two\n");
 }
 
@@ -1041,7 +1043,7 @@ fn pull_lazily_from(node: &Node, host: &str, extra: &[&str]) -> Vec<String> {
     }
     // runc's state is shared by the tests' containerds, so names differ.
     let name = format!("from-{}", host.replace([':', '.'], "-"));
-    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, &name, "cat", "/etc/motd"]);
+    let out = node.run_out(&image, &name, &["cat", "/etc/motd"]);
     assert_eq!(out, "strata layer two\n");
     layers
 }
@@ -1078,7 +1080,7 @@ fn a_registry_behind_basic_auth_is_read_with_the_docker_login() {
     assert_eq!((&l["lazy"], &l["how"]), (&false.into(), &"containerd".into()), "{l:#}");
     let reason = l["reason"].as_str().unwrap();
     assert!(reason.contains("401"), "the reason names the refusal: {reason}");
-    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "fallback", "cat", "/etc/motd"]);
+    let out = node.run_out(&image, "fallback", &["cat", "/etc/motd"]);
     assert_eq!(out, "strata layer two\n");
 }
 
@@ -1236,6 +1238,6 @@ fn a_tls_registry_is_read_with_its_ca_or_skip_verify_and_refused_otherwise() {
     assert_eq!((&l["lazy"], &l["how"]), (&false.into(), &"containerd".into()), "{l:#}");
     let reason = l["reason"].as_str().unwrap();
     assert!(reason.contains("certificate"), "the reason names the untrusted certificate: {reason}");
-    let out = node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "untrusted", "cat", "/etc/motd"]);
+    let out = node.run_out(&image, "untrusted", &["cat", "/etc/motd"]);
     assert_eq!(out, "strata layer two\n");
 }

@@ -103,6 +103,14 @@ impl Node {
         image
     }
 
+    /// Runs `cmd` in a new container of `image` on Strata, and returns what it wrote to its
+    /// standard output, through a file rather than `ctr` (see [`Containerd::run_captured`]:
+    /// `ctr run` can lose the output of a container that exits at once).
+    pub fn run_out(&self, image: &str, name: &str, cmd: &[&str]) -> String {
+        let quoted: Vec<String> = cmd.iter().map(|a| format!("'{}'", a.replace('\'', "'\\''"))).collect();
+        self.containerd.run_captured("strata", image, name, &quoted.join(" "), &self.daemon.log())
+    }
+
     /// Runs `script` with sh in a new container of `image` on Strata, and returns its output.
     pub fn run_sh(&self, image: &str, name: &str, script: &str) -> String {
         self.ctr(&["run", "--rm", "--snapshotter", "strata", image, name, "sh", "-c", script])
