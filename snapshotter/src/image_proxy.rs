@@ -115,15 +115,14 @@ impl Shared {
         // gives its place back to the last that worked. containerd answers a failure without a
         // body, its status in the headers. A kept login is written to disk, off the runtime.
         if let Some(r) = pending.remembered.take() {
-            let count = |login| self.metrics.cri_pulls.get_or_create(&CriPullLabel { login }).inc();
             if succeeded(&answer) {
                 let keychain = self.keychain.clone();
                 let _ = tokio::task::spawn_blocking(move || keychain.confirm(r)).await;
-                count("kept");
+                self.count("kept");
             } else {
                 tracing::debug!("a CRI pull failed; its login is not kept");
                 self.keychain.undo(r);
-                count("failed");
+                self.count("failed");
             }
         }
         answer
@@ -152,20 +151,22 @@ impl Shared {
         Ok((http::Request::from_parts(parts, Body::new(Full::new(bytes))), remembered))
     }
 
+    /// Counts a pull in `strata_snapshotter_cri_pulls_total` by what became of its login.
+    fn count(&self, login: &'static str) {
+        self.metrics.cri_pulls.get_or_create(&CriPullLabel { login }).inc();
+    }
+
     fn remember(&self, pull: &PullImageRequest) -> Option<Remembered> {
         let spec = pull.image.as_ref()?;
-        let count = |login| {
-            self.metrics.cri_pulls.get_or_create(&CriPullLabel { login }).inc();
-        };
         let Some(auth) = &pull.auth else {
-            count("none");
+            self.count("none");
             return None;
         };
         let image = match ImageRef::parse(&spec.image) {
             Ok(i) => i,
             Err(e) => {
                 tracing::debug!(error = %e, "a CRI pull of an image reference Strata does not read");
-                count("unusable");
+                self.count("unusable");
                 return None;
             }
         };
@@ -175,12 +176,12 @@ impl Shared {
                 Some(self.keychain.remember(&image, login, &auth.server_address))
             }
             Ok(None) => {
-                count("none");
+                self.count("none");
                 None
             }
             Err(e) => {
                 tracing::warn!(image = %image, "the login of a CRI pull cannot be used for lazy reads: {e}");
-                count("unusable");
+                self.count("unusable");
                 None
             }
         }

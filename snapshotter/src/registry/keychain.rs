@@ -125,15 +125,12 @@ impl Keychain {
         if self.file.set(file.to_owned()).is_err() {
             return;
         }
-        let kept: Vec<Kept> = match std::fs::read(file) {
-            Ok(bytes) => match serde_json::from_slice(&bytes) {
-                Ok(k) => k,
-                Err(e) => {
-                    tracing::warn!(path = %file.display(), error = %e, "the kept CRI pull logins cannot be read; starting without them");
-                    return;
-                }
-            },
+        let read = match std::fs::read(file) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            other => other.map_err(|e| e.to_string()),
+        };
+        let kept: Vec<Kept> = match read.and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string())) {
+            Ok(k) => k,
             Err(e) => {
                 tracing::warn!(path = %file.display(), error = %e, "the kept CRI pull logins cannot be read; starting without them");
                 return;
