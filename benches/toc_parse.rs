@@ -1,10 +1,15 @@
 //! Criterion benchmark of reading an eStargz TOC, which a lazy pull does on its path for every
 //! layer: `parse_toc` of a TOC of 8,000 files (about as many as a Debian base with python) and
-//! 16,000 chunk entries, 4.4 MB of JSON, against `serde_json::from_slice` of the same bytes into
-//! a generic `Value`, the least any reader of that JSON does. `docs/BENCHMARKS.md` has the figures and the command.
+//! 16,000 chunk entries, 4.4 MB of JSON, and the parse together with the layer's tree built from
+//! it (all a layer's Prepare does with its TOC), against `serde_json::from_slice` of the same
+//! bytes into a generic `Value`, the least any reader of that JSON does. `docs/BENCHMARKS.md`
+//! has the figures and the command.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use std::sync::Arc;
 use strata_snapshotter::estargz::toc::parse_toc;
+use strata_snapshotter::layer::{Blob, LayerNamespace};
+use strata_snapshotter::registry::{ImageRef, Registry, hosts::Hosts};
 
 /// A TOC as ctr-remote writes them: a directory every 20 files, regular files of one to three
 /// chunks, each with its digests, user and group names, and RFC 3339 times.
@@ -50,6 +55,12 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Bytes(json.len() as u64));
     g.sample_size(30);
     g.bench_function("parse_toc", |b| b.iter(|| parse_toc(&json, toc_offset).unwrap()));
+    let registry = Arc::new(Registry::new(Hosts::new(None), Default::default()));
+    let image = ImageRef::parse("127.0.0.1:5000/strata/bench:1").unwrap();
+    let blob = Arc::new(Blob::new(registry, image, format!("sha256:{}", "d".repeat(64)), toc_offset + (1 << 20)));
+    g.bench_function("parse_toc_and_tree", |b| {
+        b.iter(|| LayerNamespace::new(&parse_toc(&json, toc_offset).unwrap(), blob.clone()).unwrap())
+    });
     g.bench_function("serde_json_value", |b| b.iter(|| serde_json::from_slice::<serde_json::Value>(&json).unwrap()));
     g.finish();
 }

@@ -86,8 +86,12 @@ impl Fetcher for LayerFetcher {
             other => format!("{other:?}"),
         };
         let blob = self.blob.clone();
-        let chunk =
-            self.file.as_ref().and_then(|f| f.by_digest.get(&digest).map(|&i| (f.path.clone(), f.chunks[i].clone())));
+        // A scan, not an index: files have few chunks (a 10 GiB one has 2,560 of 4 MiB), and an
+        // index per file cost a map for each of a layer's thousands of files on its pull's path.
+        let chunk = self
+            .file
+            .as_ref()
+            .and_then(|f| f.chunks.iter().find(|c| c.digest == digest).map(|c| (f.path.clone(), c.clone())));
         let tree = self.tree.clone();
         let pieces = tree.pieces.clone();
         let ahead = self.ahead;

@@ -10,8 +10,9 @@
 use crate::estargz::{self, Chunk, EntryKind, Toc};
 use crate::fetch::LayerFetcher;
 use crate::registry::{ImageRef, Registry};
+use foldhash::{HashMap, HashSet};
 use futures::future::BoxFuture;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, SystemTime};
@@ -151,7 +152,6 @@ impl Blob {
 pub(crate) struct FileData {
     pub(crate) path: String,
     pub(crate) chunks: Vec<Chunk>,
-    pub(crate) by_digest: HashMap<String, usize>,
 }
 
 #[derive(Debug)]
@@ -172,6 +172,16 @@ pub(crate) struct Tree {
 const MAX_SYMLINKS: usize = 40;
 
 impl Tree {
+    /// Adds `node` to directory `parent`, whose name is copied only the first time.
+    fn child(&mut self, parent: &str, node: Node) {
+        match self.dirs.get_mut(parent) {
+            Some(children) => children.push(node),
+            None => {
+                self.dirs.insert(parent.to_owned(), vec![node]);
+            }
+        }
+    }
+
     /// The regular file that `path` (absolute or not) names in this layer, following symlinks
     /// in every component as the kernel would, without leaving the layer's root.
     pub(crate) fn resolve(&self, path: &str) -> Option<Arc<FileData>> {
@@ -225,23 +235,29 @@ impl LayerNamespace {
     pub fn new(toc: &Toc, blob: Arc<Blob>) -> Result<LayerNamespace, LayerError> {
         let describe = format!("{}@{}", blob.image, blob.digest);
         let chunk_size = uniform_chunk_size(toc, &describe)?;
-        let by_path: HashMap<&str, &estargz::Entry> = toc.entries.iter().map(|e| (e.path.as_str(), e)).collect();
         // Hard-link groups: a regular file and every link to it share the link id.
-        let mut names_of: HashMap<&str, u32> = HashMap::new();
+        let mut names_of: HashMap<&str, u32> = HashMap::default();
         for e in &toc.entries {
             if let EntryKind::Hardlink(target) = &e.kind {
                 *names_of.entry(target.as_str()).or_insert(1) += 1;
             }
         }
-        // Each path's first place in the TOC, its group's id: looked up once per link, so a layer
-        // of many hard links (a conda environment linked to its package cache) builds in linear
-        // time, not in one scan of every entry per link.
-        let mut first_at: HashMap<&str, u64> = HashMap::new();
-        for (i, e) in toc.entries.iter().enumerate() {
-            first_at.entry(e.path.as_str()).or_insert(i as u64);
+        // The entries of link targets, and each one's first place in the TOC, its group's id:
+        // looked up once per link, so a layer of many hard links (a conda environment linked
+        // to its package cache) builds in linear time. Most layers have no links, and then
+        // neither map is built.
+        let mut by_path: HashMap<&str, &estargz::Entry> = HashMap::default();
+        let mut first_at: HashMap<&str, u64> = HashMap::default();
+        if !names_of.is_empty() {
+            for (i, e) in toc.entries.iter().enumerate() {
+                if names_of.contains_key(e.path.as_str()) {
+                    by_path.insert(e.path.as_str(), e);
+                    first_at.entry(e.path.as_str()).or_insert(i as u64);
+                }
+            }
         }
         let link_id = |target: &str| first_at.get(target).copied();
-        let mut subdirs: HashMap<&str, u32> = HashMap::new();
+        let mut subdirs: HashMap<&str, u32> = HashMap::default();
         for e in toc.entries.iter().filter(|e| e.kind == EntryKind::Dir && !e.path.is_empty()) {
             *subdirs.entry(parent_and_name(&e.path).0).or_default() += 1;
         }
@@ -253,10 +269,10 @@ impl LayerNamespace {
             }
         };
         let mut pieces: Vec<(String, Chunk)> = Vec::new();
-        let mut seen = std::collections::HashSet::new();
+        let mut seen: HashSet<&str> = HashSet::default();
         for e in &toc.entries {
             for c in &e.chunks {
-                if seen.insert(c.digest.clone()) {
+                if seen.insert(c.digest.as_str()) {
                     pieces.push((e.path.clone(), c.clone()));
                 }
             }
@@ -267,10 +283,10 @@ impl LayerNamespace {
             landmark: toc.landmark,
             pieces: Arc::new(pieces),
             root: Node::dir("", SystemTime::UNIX_EPOCH),
-            dirs: HashMap::new(),
-            files: HashMap::new(),
-            links: HashMap::new(),
-            xattrs: HashMap::new(),
+            dirs: HashMap::default(),
+            files: HashMap::default(),
+            links: HashMap::default(),
+            xattrs: HashMap::default(),
             chunk_size,
         };
         for e in &toc.entries {
@@ -297,7 +313,7 @@ impl LayerNamespace {
                     mtime: mtime(e.mtime),
                     posix: Some(posix),
                 };
-                tree.dirs.entry(parent.to_owned()).or_default().push(node);
+                tree.child(parent, node);
                 continue;
             }
             // A hard link is its target's inode under another name.
@@ -334,17 +350,16 @@ impl LayerNamespace {
                 tree.xattrs.entry(e.path.clone()).or_default().extend(meta.xattrs.clone());
             }
             if kind == NodeKind::File {
-                let by_digest = meta.chunks.iter().enumerate().map(|(i, c)| (c.digest.clone(), i)).collect();
-                let data = FileData { path: meta.path.clone(), chunks: meta.chunks.clone(), by_digest };
+                let data = FileData { path: meta.path.clone(), chunks: meta.chunks.clone() };
                 tree.files.insert(e.path.clone(), Arc::new(data));
             }
             if e.path.is_empty() {
                 tree.root = node;
             } else {
-                if kind == NodeKind::Dir {
-                    tree.dirs.entry(e.path.clone()).or_default();
+                if kind == NodeKind::Dir && !tree.dirs.contains_key(e.path.as_str()) {
+                    tree.dirs.insert(e.path.clone(), Vec::new());
                 }
-                tree.dirs.entry(parent.to_owned()).or_default().push(node);
+                tree.child(parent, node);
             }
         }
         Ok(LayerNamespace { tree: Arc::new(tree), blob })

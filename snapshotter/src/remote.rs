@@ -263,11 +263,15 @@ pub async fn namespace(
     );
     let data_end = member.footer.data_end;
     let built = tokio::task::spawn_blocking(move || {
-        estargz::toc::parse_toc(&json, data_end).map(|toc| LayerNamespace::new(&toc, blob))
+        estargz::toc::parse_toc(&json, data_end).map(|toc| (LayerNamespace::new(&toc, blob), toc, json))
     })
     .await
     .map_err(|e| fmt_err(FormatError::TocMember(e.to_string())))?;
-    let ns = built.map_err(fmt_err)??;
+    let (ns, toc, json) = built.map_err(fmt_err)?;
+    // The parsed TOC is thousands of small allocations, whose freeing took a sixth of the
+    // parse's time: it is done off the pull's path.
+    tokio::task::spawn_blocking(move || drop((toc, json)));
+    let ns = ns?;
     opts.layers.add(&ns);
     Ok(ns)
 }

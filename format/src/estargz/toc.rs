@@ -7,9 +7,10 @@ use super::footer::Compression;
 use super::time::parse_rfc3339;
 use super::{FormatError, is_sha256_digest, sha256_digest};
 use base64::Engine;
+use foldhash::HashMap;
 use serde::Deserialize;
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::Read;
 
 pub const TOC_NAME: &str = "stargz.index.json";
@@ -235,6 +236,17 @@ fn normalise(name: &str) -> Result<String, String> {
     if name.starts_with('/') {
         return Err("is an absolute path".into());
     }
+    // Nearly every name is already normal (a directory's with one `/` at its end): taken as it
+    // is, without splitting and joining it again.
+    let trimmed = name.strip_suffix('/').unwrap_or(name);
+    if trimmed.split('/').all(|p| !matches!(p, "" | "." | "..")) {
+        return Ok(trimmed.to_owned());
+    }
+    normalise_parts(name)
+}
+
+/// `name`, not starting with `/`, with its empty and `.` parts dropped.
+fn normalise_parts(name: &str) -> Result<String, String> {
     let mut parts = Vec::new();
     for part in name.split('/') {
         match part {
@@ -270,8 +282,8 @@ pub fn parse_toc(json: &[u8], toc_offset: u64) -> Result<Toc, FormatError> {
     // before them.
     let mut other_starts = Vec::new();
     // Names a TOC gives only when they change for a uid or gid.
-    let mut user_names: HashMap<i64, String> = HashMap::new();
-    let mut group_names: HashMap<i64, String> = HashMap::new();
+    let mut user_names: HashMap<i64, String> = HashMap::default();
+    let mut group_names: HashMap<i64, String> = HashMap::default();
     // The regular file whose chunks follow, by index into `b.entries`.
     let mut open_file: Option<usize> = None;
     for r in raw.entries {
@@ -304,10 +316,11 @@ pub fn parse_toc(json: &[u8], toc_offset: u64) -> Result<Toc, FormatError> {
         if path.is_empty() && r.kind != "dir" {
             return Err(entry_err(&r.name, "the layer's root must be a directory"));
         }
-        if !r.user_name.is_empty() {
+        // Most entries repeat the name already known for their id: no new string for those.
+        if !r.user_name.is_empty() && user_names.get(&r.uid).map(String::as_str) != Some(&r.user_name) {
             user_names.insert(r.uid, r.user_name.to_string());
         }
-        if !r.group_name.is_empty() {
+        if !r.group_name.is_empty() && group_names.get(&r.gid).map(String::as_str) != Some(&r.group_name) {
             group_names.insert(r.gid, r.group_name.to_string());
         }
         let mut xattrs = BTreeMap::new();
@@ -454,17 +467,27 @@ impl Builder {
 
     /// Creates missing parents as plain directories, and refuses a parent that is not one:
     /// `link/file` under a symlink `link` would, when unpacked, land wherever `link` points.
+    /// Every path here had its own parents made or checked when it came, so the walk up stops
+    /// at the first that is here: a TOC of thousands of entries is read on a pull's path.
     fn ensure_parent_dirs(&mut self, path: &str) -> Result<(), FormatError> {
-        let mut parent = String::new();
-        let parts: Vec<&str> = path.split('/').collect();
-        for (n, part) in parts[..parts.len() - 1].iter().enumerate() {
-            if n > 0 {
-                parent.push('/');
+        let mut missing = Vec::new();
+        let mut at = path;
+        loop {
+            let parent = at.rsplit_once('/').map_or("", |(p, _)| p);
+            match self.by_path.get(parent) {
+                Some(&i) if self.entries[i].kind == EntryKind::Dir => break,
+                Some(_) => return Err(entry_err(path, format!("its parent {parent:?} is not a directory"))),
+                None => missing.push(parent),
             }
-            parent.push_str(part);
-            self.ensure_dir(&parent, path)?;
+            if parent.is_empty() {
+                break;
+            }
+            at = parent;
         }
-        self.ensure_dir("", path)
+        for dir in missing.into_iter().rev() {
+            self.ensure_dir(dir, path)?;
+        }
+        Ok(())
     }
 
     fn ensure_dir(&mut self, dir: &str, child: &str) -> Result<(), FormatError> {
@@ -545,7 +568,7 @@ fn set_compressed_ends(entries: &mut [Entry], toc_offset: u64, other_starts: &[u
     starts.sort_unstable();
     starts.dedup();
     // What each member must yield: the furthest chunk end of the chunks inside it.
-    let mut need: HashMap<u64, u64> = HashMap::new();
+    let mut need: HashMap<u64, u64> = HashMap::default();
     for c in entries.iter().flat_map(|e| e.chunks.iter()) {
         let n = need.entry(c.offset).or_default();
         *n = (*n).max(c.inner_offset.saturating_add(c.size));
@@ -796,6 +819,14 @@ mod robustness {
                         let _ = decode_chunk(&e.path, c, &b.blob[start..end]);
                     }
                 }
+            }
+        }
+
+        /// A name already normal is taken as it is; that must be what normalising it gives.
+        #[test]
+        fn a_name_taken_as_it_is_is_what_normalising_it_gives(name in "[ab./]{0,12}") {
+            if !name.starts_with('/') {
+                prop_assert_eq!(normalise(&name), normalise_parts(&name), "{:?}", name);
             }
         }
 
