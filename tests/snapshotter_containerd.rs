@@ -1084,6 +1084,37 @@ fn a_registry_behind_basic_auth_is_read_with_the_docker_login() {
     assert_eq!(out, "strata layer two\n");
 }
 
+/// A node whose config.json names a credential helper for the registry and holds no login, as
+/// `docker login` through ECR's or gcloud's helper leaves it: Strata asks the helper.
+#[test]
+#[ignore = "needs root, containerd, docker-registry, htpasswd and the test registry: run by .ci/run"]
+fn a_registry_behind_basic_auth_is_read_with_the_login_of_a_credential_helper() {
+    let reg = AuthRegistry::start(Auth::Basic);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.json");
+    std::fs::write(&config, format!(r#"{{"credHelpers": {{"{}": "strata-test"}}}}"#, reg.addr)).unwrap();
+    let node = Node::start_with(&format!("docker_config = \"{}\"", config.display()));
+    // The helper has a login for this registry only, and keeps a list of what it was asked.
+    let asked = dir.path().join("asked");
+    std::fs::create_dir_all(node.daemon.bin_dir()).unwrap();
+    let helper = node.daemon.bin_dir().join("docker-credential-strata-test");
+    std::fs::write(
+        &helper,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = get ] || exit 2\nread -r server\necho \"$server\" >> {asked}\n\
+             if [ \"$server\" = {addr} ]; then\n  echo '{{\"ServerURL\":\"{addr}\",\"Username\":\"{USER}\",\"Secret\":\"{PASSWORD}\"}}'\n\
+             else\n  echo 'credentials not found in native keychain'; exit 1\nfi\n",
+            asked = asked.display(),
+            addr = reg.addr,
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&helper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    pull_lazily_from(&node, &reg.addr, &["--plain-http", "--user", &format!("{USER}:{PASSWORD}")]);
+    let asked = std::fs::read_to_string(&asked).unwrap_or_default();
+    assert!(asked.lines().any(|l| l == reg.addr), "the helper was asked for the registry: {asked:?}");
+}
+
 #[test]
 #[ignore = "needs root, containerd, docker-registry, openssl and the test registry: run by .ci/run"]
 fn a_registry_with_token_auth_is_read_with_a_bearer_token() {

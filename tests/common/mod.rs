@@ -198,6 +198,11 @@ impl Daemon {
         self.dir.path().join("daemon.log")
     }
 
+    /// A directory first on the daemon's PATH, for programs it runs (credential helpers).
+    pub fn bin_dir(&self) -> PathBuf {
+        self.dir.path().join("bin")
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
@@ -210,6 +215,7 @@ impl Daemon {
             .arg(&self.config)
             .env("STRATA_LOG", std::env::var("STRATA_TEST_LOG").unwrap_or_else(|_| "info".into()))
             .env("NO_COLOR", "1")
+            .env("PATH", format!("{}:{}", self.bin_dir().display(), std::env::var("PATH").unwrap_or_default()))
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()

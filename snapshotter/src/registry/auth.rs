@@ -28,10 +28,13 @@ impl Login {
     }
 }
 
-/// Logins by registry host, from a docker `config.json` (`auths`).
+/// Logins by registry host, from a docker `config.json` (`auths`), and the credential helpers
+/// it names (`credHelpers`, `credsStore`).
 #[derive(Debug, Clone, Default)]
 pub struct Credentials {
     by_host: HashMap<String, Login>,
+    helpers: HashMap<String, String>,
+    store: Option<String>,
     /// The file they were read from, and its modification time then.
     source: Option<(PathBuf, Option<SystemTime>)>,
 }
@@ -40,6 +43,10 @@ pub struct Credentials {
 struct DockerConfig {
     #[serde(default)]
     auths: HashMap<String, DockerAuth>,
+    #[serde(default, rename = "credHelpers")]
+    cred_helpers: HashMap<String, String>,
+    #[serde(default, rename = "credsStore")]
+    creds_store: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -57,7 +64,7 @@ impl Credentials {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(Credentials { by_host: HashMap::new(), source });
+                return Ok(Credentials { source, ..Credentials::default() });
             }
             Err(e) => return Err(err(e.to_string())),
         };
@@ -79,7 +86,21 @@ impl Credentials {
             };
             by_host.insert(normalise_host(&key), login);
         }
-        Ok(Credentials { by_host, source })
+        // A helper is run by its name, `docker-credential-NAME`, found on PATH: a name that is
+        // a path would run whatever the file points at.
+        let helper_name = |name: String, at: String| {
+            let ok = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+            if ok { Ok(name) } else { Err(err(format!("{at} {name:?} is not a credential helper's name"))) }
+        };
+        let mut helpers = HashMap::new();
+        for (key, name) in config.cred_helpers {
+            helpers.insert(normalise_host(&key), helper_name(name, format!("credHelpers.{key}"))?);
+        }
+        let store = match config.creds_store {
+            Some(name) if !name.is_empty() => Some(helper_name(name, "credsStore".into())?),
+            _ => None,
+        };
+        Ok(Credentials { by_host, helpers, store, source })
     }
 
     /// The logins as the file holds them now, if it changed since they were read: a token
@@ -110,6 +131,12 @@ impl Credentials {
 
     pub fn login(&self, host: &str) -> Option<&Login> {
         self.by_host.get(&normalise_host(host))
+    }
+
+    /// The credential helper for `host`, as docker picks it: the host's own in `credHelpers`,
+    /// else `credsStore`.
+    pub fn helper(&self, host: &str) -> Option<&str> {
+        self.helpers.get(&normalise_host(host)).or(self.store.as_ref()).map(String::as_str)
     }
 }
 
@@ -245,5 +272,29 @@ mod tests {
         assert!(Credentials::load(&dir.path().join("absent.json")).unwrap().login("docker.io").is_none());
         std::fs::write(&path, "{").unwrap();
         assert!(Credentials::load(&path).unwrap_err().to_string().contains("config.json"));
+    }
+
+    #[test]
+    fn a_host_gets_its_own_credential_helper_else_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        std::fs::write(
+            &path,
+            r#"{"credsStore": "desktop", "credHelpers": {"123.dkr.ecr.us-east-1.amazonaws.com": "ecr-login", "https://index.docker.io/v1/": "pass"}}"#,
+        )
+        .unwrap();
+        let c = Credentials::load(&path).unwrap();
+        assert_eq!(c.helper("123.dkr.ecr.us-east-1.amazonaws.com"), Some("ecr-login"));
+        assert_eq!(c.helper("docker.io"), Some("pass"));
+        assert_eq!(c.helper("reg.local:5000"), Some("desktop"));
+        std::fs::write(&path, r#"{"credHelpers": {"gcr.io": "gcloud"}}"#).unwrap();
+        let c = Credentials::load(&path).unwrap();
+        assert_eq!((c.helper("gcr.io"), c.helper("reg.local:5000")), (Some("gcloud"), None));
+        // A name that is a path would run whatever it points at.
+        for bad in [r#"{"credsStore": "../../bin/sh"}"#, r#"{"credHelpers": {"gcr.io": "x y"}}"#] {
+            std::fs::write(&path, bad).unwrap();
+            let e = Credentials::load(&path).unwrap_err().to_string();
+            assert!(e.contains("is not a credential helper's name"), "{e}");
+        }
     }
 }

@@ -103,6 +103,8 @@ struct Inner {
     credentials: Mutex<Credentials>,
     /// Logins kubelet passed with CRI pulls, which win over `credentials`, as in containerd.
     keychain: Arc<Keychain>,
+    /// The answers of the credential helpers `credentials` names.
+    helpers: super::helper::Helpers,
     /// One HTTP client per TLS setting in use (skip_verify, extra CAs, client certificate),
     /// each with its own pool.
     clients: Mutex<HashMap<TlsKey, reqwest::Client>>,
@@ -137,6 +139,7 @@ impl Registry {
                 hosts,
                 credentials: Mutex::new(credentials),
                 keychain: Arc::default(),
+                helpers: Default::default(),
                 clients: Mutex::new(clients),
                 auth: Mutex::new(HashMap::new()),
                 down: Mutex::new(HashMap::new()),
@@ -150,21 +153,30 @@ impl Registry {
     }
 
     /// The logins to send `host` for `image`, in the order to try them, and where each came
-    /// from: a CRI pull's login for the repository, then config.json's for the host, as the
-    /// file is now.
-    fn logins(&self, image: &ImageRef, host: &str) -> Vec<(Login, &'static str)> {
+    /// from: a CRI pull's login for the repository, then the credential helper config.json
+    /// names for the host, then config.json's own login for it, as the file is now.
+    async fn logins(&self, image: &ImageRef, host: &str) -> Vec<(Login, &'static str)> {
         let mut logins = Vec::new();
         if let Some(l) = self.inner.keychain.login(image, host) {
             logins.push((l, "the login kubelet passed with the image's CRI pull"));
         }
-        let mut credentials = self.inner.credentials.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(fresh) = credentials.reloaded() {
-            *credentials = fresh;
-        }
-        if let Some(l) = credentials.login(host)
-            && logins.iter().all(|(k, _)| k != l)
-        {
-            logins.push((l.clone(), "docker config.json"));
+        let (helper, file) = {
+            let mut credentials = self.inner.credentials.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(fresh) = credentials.reloaded() {
+                *credentials = fresh;
+            }
+            (credentials.helper(host).map(str::to_owned), credentials.login(host).cloned())
+        };
+        let helped = match helper {
+            Some(name) => self.inner.helpers.login(&name, host).await,
+            None => None,
+        };
+        for (login, from) in [(helped, "docker config.json's credential helper"), (file, "docker config.json")] {
+            if let Some(l) = login
+                && logins.iter().all(|(k, _)| *k != l)
+            {
+                logins.push((l, from));
+            }
         }
         logins
     }
@@ -664,7 +676,7 @@ impl Registry {
             // is never sent the upstream registry's. A CRI pull's comes first; if the registry
             // refuses it (a token that expired since the pull), config.json's is tried.
             let asked = origin(&ep.base);
-            let logins = self.logins(image, asked);
+            let logins = self.logins(image, asked).await;
             let mut tries: Vec<Option<&(Login, &str)>> = logins.iter().map(Some).collect();
             if tries.is_empty() {
                 tries.push(None);
@@ -678,7 +690,7 @@ impl Registry {
                         None => {
                             return Err(RegistryError::Auth {
                                 url,
-                                reason: "the registry wants a login, and neither a CRI pull nor config.json gave one for this host".into(),
+                                reason: "the registry wants a login, and neither a CRI pull nor config.json (its logins and credential helpers) gave one for this host".into(),
                             });
                         }
                     },

@@ -1,9 +1,10 @@
 //! The OCI registry client of the snapshotter: image references, where each registry host is
-//! reached (containerd's `hosts.toml`), credentials (docker `config.json`, and the logins of CRI pulls), token auth, and the
+//! reached (containerd's `hosts.toml`), credentials (docker `config.json` and its credential helpers, and the logins of CRI pulls), token auth, and the
 //! ranged blob reads that lazy layers are made of.
 
 pub mod auth;
 pub mod client;
+pub mod helper;
 pub mod hosts;
 pub mod keychain;
 pub mod push;
