@@ -147,7 +147,7 @@ impl Blob {
     }
 }
 
-/// A regular file's chunks, and where each chunk digest sits among them.
+/// A regular file's chunks, in file order.
 #[derive(Debug)]
 pub(crate) struct FileData {
     pub(crate) path: String,

@@ -44,7 +44,7 @@ struct DockerConfig {
     #[serde(default)]
     auths: HashMap<String, DockerAuth>,
     #[serde(default, rename = "credHelpers")]
-    cred_helpers: HashMap<String, String>,
+    cred_helpers: Option<HashMap<String, String>>,
     #[serde(default, rename = "credsStore")]
     creds_store: Option<String>,
 }
@@ -54,6 +54,7 @@ struct DockerAuth {
     auth: Option<String>,
     username: Option<String>,
     password: Option<String>,
+    identitytoken: Option<String>,
 }
 
 impl Credentials {
@@ -82,24 +83,32 @@ impl Credentials {
                     Login { username: u.to_owned(), password: p.to_owned() }
                 }
                 (_, Some(u), Some(p)) => Login { username: u, password: p },
-                _ => continue,
+                _ => {
+                    if a.identitytoken.is_some_and(|t| !t.is_empty()) {
+                        tracing::warn!(host = %key, path = %path.display(), "config.json's login for this host is an identity token, which Strata does not exchange; it is skipped");
+                    }
+                    continue;
+                }
             };
             by_host.insert(normalise_host(&key), login);
         }
         // A helper is run by its name, `docker-credential-NAME`, found on PATH: a name that is
-        // a path would run whatever the file points at.
+        // a path would run whatever the file points at. Such a name is left out, with the
+        // rest of the file still used.
         let helper_name = |name: String, at: String| {
             let ok = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
-            if ok { Ok(name) } else { Err(err(format!("{at} {name:?} is not a credential helper's name"))) }
+            if !ok {
+                tracing::warn!(path = %path.display(), "{at} {name:?} is not a credential helper's name; it is not used");
+            }
+            ok.then_some(name)
         };
         let mut helpers = HashMap::new();
-        for (key, name) in config.cred_helpers {
-            helpers.insert(normalise_host(&key), helper_name(name, format!("credHelpers.{key}"))?);
+        for (key, name) in config.cred_helpers.unwrap_or_default() {
+            if let Some(name) = helper_name(name, format!("credHelpers.{key}")) {
+                helpers.insert(normalise_host(&key), name);
+            }
         }
-        let store = match config.creds_store {
-            Some(name) if !name.is_empty() => Some(helper_name(name, "credsStore".into())?),
-            _ => None,
-        };
+        let store = config.creds_store.filter(|n| !n.is_empty()).and_then(|n| helper_name(n, "credsStore".into()));
         Ok(Credentials { by_host, helpers, store, source })
     }
 
@@ -290,11 +299,17 @@ mod tests {
         std::fs::write(&path, r#"{"credHelpers": {"gcr.io": "gcloud"}}"#).unwrap();
         let c = Credentials::load(&path).unwrap();
         assert_eq!((c.helper("gcr.io"), c.helper("reg.local:5000")), (Some("gcloud"), None));
-        // A name that is a path would run whatever it points at.
-        for bad in [r#"{"credsStore": "../../bin/sh"}"#, r#"{"credHelpers": {"gcr.io": "x y"}}"#] {
-            std::fs::write(&path, bad).unwrap();
-            let e = Credentials::load(&path).unwrap_err().to_string();
-            assert!(e.contains("is not a credential helper's name"), "{e}");
+        // A name that is a path would run whatever it points at: it is left out, and the rest
+        // of the file still counts.
+        let auth = base64::engine::general_purpose::STANDARD.encode("alice:s3cret");
+        for bad in
+            [r#""credsStore": "../../bin/sh""#, r#""credHelpers": {"reg.local:5000": "x y"}"#, r#""credHelpers": null"#]
+        {
+            std::fs::write(&path, format!(r#"{{{bad}, "auths": {{"reg.local:5000": {{"auth": "{auth}"}}}}}}"#))
+                .unwrap();
+            let c = Credentials::load(&path).unwrap();
+            assert_eq!(c.helper("reg.local:5000"), None, "{bad}");
+            assert_eq!(c.login("reg.local:5000").unwrap().username, "alice", "{bad}");
         }
     }
 }

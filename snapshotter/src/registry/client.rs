@@ -115,6 +115,52 @@ struct Inner {
     down: Mutex<HashMap<String, Instant>>,
 }
 
+/// The logins to try for one host, each found only when the ones before it were refused: a
+/// CRI pull's for the repository, then the credential helper's that config.json names for the
+/// host, then config.json's own, then, with none of them, an anonymous token. A mirror has its
+/// own, and is never sent the upstream registry's, as containerd picks them. The helper, a
+/// program that may take seconds, is run only when no CRI login is left to try.
+struct Tries<'a> {
+    helpers: &'a super::helper::Helpers,
+    host: &'a str,
+    queue: std::collections::VecDeque<(Login, &'static str)>,
+    /// The helper's name and config.json's login, until they are needed.
+    later: Option<(Option<String>, Option<Login>)>,
+    tried: Vec<Login>,
+    anonymous: bool,
+}
+
+impl Tries<'_> {
+    /// The next login (`Some(None)` is anonymous), or `None` when all were tried.
+    async fn next(&mut self) -> Option<Option<(Login, &'static str)>> {
+        loop {
+            if let Some((login, from)) = self.queue.pop_front() {
+                if !self.tried.contains(&login) {
+                    self.tried.push(login.clone());
+                    return Some(Some((login, from)));
+                }
+                continue;
+            }
+            if let Some((helper, file)) = self.later.take() {
+                if let Some(name) = helper
+                    && let Some(l) = self.helpers.login(&name, self.host).await
+                {
+                    self.queue.push_back((l, "docker config.json's credential helper"));
+                }
+                if let Some(l) = file {
+                    self.queue.push_back((l, "docker config.json"));
+                }
+                continue;
+            }
+            if self.tried.is_empty() && !self.anonymous {
+                self.anonymous = true;
+                return Some(None);
+            }
+            return None;
+        }
+    }
+}
+
 /// The OCI architecture name of this machine.
 fn this_arch() -> &'static str {
     match std::env::consts::ARCH {
@@ -152,33 +198,18 @@ impl Registry {
         self.inner.keychain.clone()
     }
 
-    /// The logins to send `host` for `image`, in the order to try them, and where each came
-    /// from: a CRI pull's login for the repository, then the credential helper config.json
-    /// names for the host, then config.json's own login for it, as the file is now.
-    async fn logins(&self, image: &ImageRef, host: &str) -> Vec<(Login, &'static str)> {
-        let mut logins = Vec::new();
+    /// The logins to send `host` for `image`, in the order to try them (see [`Tries`]).
+    fn logins<'a>(&'a self, image: &ImageRef, host: &'a str) -> Tries<'a> {
+        let mut queue = std::collections::VecDeque::new();
         if let Some(l) = self.inner.keychain.login(image, host) {
-            logins.push((l, "the login kubelet passed with the image's CRI pull"));
+            queue.push_back((l, "the login kubelet passed with the image's CRI pull"));
         }
-        let (helper, file) = {
-            let mut credentials = self.inner.credentials.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(fresh) = credentials.reloaded() {
-                *credentials = fresh;
-            }
-            (credentials.helper(host).map(str::to_owned), credentials.login(host).cloned())
-        };
-        let helped = match helper {
-            Some(name) => self.inner.helpers.login(&name, host).await,
-            None => None,
-        };
-        for (login, from) in [(helped, "docker config.json's credential helper"), (file, "docker config.json")] {
-            if let Some(l) = login
-                && logins.iter().all(|(k, _)| *k != l)
-            {
-                logins.push((l, from));
-            }
+        let mut credentials = self.inner.credentials.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(fresh) = credentials.reloaded() {
+            *credentials = fresh;
         }
-        logins
+        let later = (credentials.helper(host).map(str::to_owned), credentials.login(host).cloned());
+        Tries { helpers: &self.inner.helpers, host, queue, later: Some(later), tried: Vec::new(), anonymous: false }
     }
 
     /// The client for `ep`'s TLS settings. Its CA files are read when first needed, so a bad
@@ -676,14 +707,11 @@ impl Registry {
             // is never sent the upstream registry's. A CRI pull's comes first; if the registry
             // refuses it (a token that expired since the pull), config.json's is tried.
             let asked = origin(&ep.base);
-            let logins = self.logins(image, asked).await;
-            let mut tries: Vec<Option<&(Login, &str)>> = logins.iter().map(Some).collect();
-            if tries.is_empty() {
-                tries.push(None);
-            }
+            let mut tries = self.logins(image, asked);
             let mut refused = None;
             let mut worked = None;
-            for login in tries {
+            while let Some(login) = tries.next().await {
+                let login = login.as_ref();
                 let header = match &challenge {
                     Some(Challenge::Basic) => match login {
                         Some((l, _)) => l.basic_header(),

@@ -4,19 +4,24 @@
 //! through one of them has no login in `auths` at all.
 //!
 //! The helper is asked as docker asks it: `get` as its argument, the server on its standard
-//! input, and `{"ServerURL", "Username", "Secret"}` as its answer. Answers, a refusal or a
-//! failure alike, are kept for [`KEEP`], so a pull of many layers runs the helper once.
+//! input, and `{"ServerURL", "Username", "Secret"}` as its answer. An answer (a login, or none)
+//! is kept for [`KEEP`], a failure for [`KEEP_FAILED`], and reads that need one while the
+//! helper runs wait for that run: a pull of many layers runs the helper once.
 
 use super::auth::Login;
 use serde::Deserialize;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
 /// How long a helper's answer is used before it is asked again. Helpers that mint tokens (ECR's
 /// last 12 hours) keep their own until shortly before they expire.
 pub const KEEP: Duration = Duration::from_secs(60);
+
+/// How long a helper's failure (it could not run, timed out, or answered nonsense) stands
+/// before it is run again: long enough not to run a broken helper for every read.
+pub const KEEP_FAILED: Duration = Duration::from_secs(15);
 
 /// How long a helper may take: one that prompts or hangs must not hold a pull for ever.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
@@ -48,37 +53,54 @@ struct Answer {
     secret: String,
 }
 
-/// A helper's answer for one server, and when it was given.
-type Answered = (Instant, Option<Login>);
+/// A helper's answer for one server, and until when it stands; `None` before the first.
+type Slot = Arc<tokio::sync::Mutex<Option<(Instant, Option<Login>)>>>;
 
-/// The helpers' answers, by helper and server, for [`KEEP`].
+/// The helpers' answers, by helper and server. Each has its own lock, held while the helper
+/// runs, so that the reads waiting for it take its answer rather than run it again.
 #[derive(Debug, Default)]
 pub struct Helpers {
-    answers: Mutex<HashMap<(String, String), Answered>>,
+    answers: Mutex<HashMap<(String, String), Slot>>,
+    /// Where the programs are, if not on PATH.
+    dir: Option<std::path::PathBuf>,
 }
 
 impl Helpers {
+    /// Helpers whose programs are in `dir`, not on PATH.
+    pub fn in_dir(dir: &std::path::Path) -> Helpers {
+        Helpers { dir: Some(dir.to_owned()), ..Helpers::default() }
+    }
+
     /// The login helper `name` has for registry `host`, if any. A failure is logged here, once
-    /// per [`KEEP`], and counts as no login: the pull goes on with the next one to try.
+    /// per [`KEEP_FAILED`], and counts as no login: the pull goes on with the next one to try.
     pub async fn login(&self, name: &str, host: &str) -> Option<Login> {
         // A helper knows a registry by its host name, as `docker login` gave it: no scheme.
         let host = super::auth::normalise_host(host);
-        let host = host.as_str();
-        let key = (name.to_owned(), host.to_owned());
-        if let Some((at, login)) = self.answers.lock().unwrap_or_else(|p| p.into_inner()).get(&key)
-            && at.elapsed() < KEEP
+        let slot = self
+            .answers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((name.to_owned(), host.clone()))
+            .or_default()
+            .clone();
+        let mut slot = slot.lock().await;
+        if let Some((until, login)) = slot.as_ref()
+            && Instant::now() < *until
         {
             return login.clone();
         }
-        let program = format!("docker-credential-{name}");
-        let login = match ask(&program, &server_url(host), TIMEOUT).await {
-            Ok(login) => login,
+        let mut program = format!("docker-credential-{name}");
+        if let Some(dir) = &self.dir {
+            program = dir.join(program).display().to_string();
+        }
+        let (login, keep) = match ask(&program, &server_url(&host), TIMEOUT).await {
+            Ok(login) => (login, KEEP),
             Err(e) => {
                 tracing::warn!(host, error = %e, "no login from the docker credential helper");
-                None
+                (None, KEEP_FAILED)
             }
         };
-        self.answers.lock().unwrap_or_else(|p| p.into_inner()).insert(key, (Instant::now(), login.clone()));
+        *slot = Some((Instant::now() + keep, login.clone()));
         login
     }
 }
@@ -115,12 +137,26 @@ pub async fn ask(program: &str, server: &str, timeout: Duration) -> Result<Optio
         if stdout.contains(NOT_FOUND) {
             return Ok(None);
         }
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let output = format!("{} {}", stdout.trim(), stderr.trim()).trim().chars().take(300).collect();
+        // What it printed goes into the log; a helper that printed its answer and then failed
+        // would put the secret there.
+        let printed = format!("{} {}", stdout.trim(), String::from_utf8_lossy(&out.stderr).trim());
+        let output = if printed.contains("Secret") || printed.contains('{') {
+            "(its output is left out: it may hold a secret)".to_owned()
+        } else {
+            printed.trim().chars().take(300).collect()
+        };
         return Err(HelperError::Failed { program: program.to_owned(), status: out.status, output });
     }
-    let answer: Answer = serde_json::from_slice(&out.stdout)
-        .map_err(|e| HelperError::Answer { program: program.to_owned(), reason: e.to_string() })?;
+    // Where the JSON went wrong, not serde's text, which may quote a value of it.
+    let answer: Answer = serde_json::from_slice(&out.stdout).map_err(|e| HelperError::Answer {
+        program: program.to_owned(),
+        reason: format!(
+            "not the JSON of a login ({:?} error at line {}, column {})",
+            e.classify(),
+            e.line(),
+            e.column()
+        ),
+    })?;
     if answer.username == "<token>" {
         return Err(HelperError::IdentityToken { program: program.to_owned() });
     }
@@ -134,6 +170,21 @@ pub async fn ask(program: &str, server: &str, timeout: Duration) -> Result<Optio
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    /// [`ask`], again while the kernel says the program is still open for writing: a process
+    /// another test forked while it was written may hold it open until that process runs its own
+    /// program (ETXTBSY).
+    async fn ask(program: &str, server: &str, timeout: Duration) -> Result<Option<Login>, HelperError> {
+        for _ in 0..50 {
+            match super::ask(program, server, timeout).await {
+                Err(HelperError::Spawn { source, .. }) if source.raw_os_error() == Some(libc::ETXTBSY) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                other => return other,
+            }
+        }
+        super::ask(program, server, timeout).await
+    }
 
     /// A helper program that runs `body` (sh), with what it read from its input in `$server`.
     fn helper(dir: &std::path::Path, body: &str) -> String {
@@ -181,6 +232,42 @@ echo '{"ServerURL":"registry.example:5000","Username":"robot","Secret":"s3cret"}
         let e = ask(&slow, "r.example", Duration::from_millis(300)).await.unwrap_err();
         assert!(matches!(e, HelperError::Timeout { .. }), "{e}");
         assert!(started.elapsed() < Duration::from_secs(10));
+    }
+
+    #[tokio::test]
+    async fn reads_that_need_a_login_at_once_run_the_helper_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = dir.path().join("runs");
+        let body = format!(
+            "echo \"$server\" >> {}\nsleep 0.3\necho '{{\"Username\":\"robot\",\"Secret\":\"s3cret\"}}'",
+            runs.display()
+        );
+        let program = helper(dir.path(), &body);
+        std::fs::rename(&program, dir.path().join("docker-credential-once")).unwrap();
+        // Run once directly, until it is not busy (see `ask` above), and forget that run.
+        ask(&dir.path().join("docker-credential-once").display().to_string(), "x", TIMEOUT).await.unwrap();
+        std::fs::remove_file(&runs).unwrap();
+        let helpers = Arc::new(Helpers::in_dir(dir.path()));
+        let asks = (0..8).map(|_| {
+            let helpers = helpers.clone();
+            tokio::spawn(async move { helpers.login("once", "http://reg.example:5000").await })
+        });
+        for login in futures::future::join_all(asks).await {
+            assert_eq!(login.unwrap().unwrap().password, "s3cret");
+        }
+        // Asked by the host's name, without the scheme, once for all eight.
+        assert_eq!(std::fs::read_to_string(&runs).unwrap(), "reg.example:5000\n");
+    }
+
+    #[tokio::test]
+    async fn a_secret_in_what_a_helper_printed_stays_out_of_its_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let failed = helper(dir.path(), r#"echo '{"Username":"robot","Secret":"s3cret"}'; exit 1"#);
+        let e = ask(&failed, "r.example", TIMEOUT).await.unwrap_err().to_string();
+        assert!(e.contains("failed") && !e.contains("s3cret"), "{e}");
+        let quoted = helper(dir.path(), r#"echo '"s3cret"'"#);
+        let e = ask(&quoted, "r.example", TIMEOUT).await.unwrap_err().to_string();
+        assert!(e.contains("not the JSON of a login") && !e.contains("s3cret"), "{e}");
     }
 
     #[test]
