@@ -1121,19 +1121,39 @@ fn a_registry_behind_basic_auth_is_read_with_the_login_of_a_credential_helper() 
 fn a_registry_with_token_auth_is_read_with_a_bearer_token() {
     let reg = AuthRegistry::start(Auth::Token);
     let config = reg.docker_config(PASSWORD);
+    // Strata asked the token server itself, with the login, for pull access to the repository.
+    for r in tokens_strata_asked_for(&reg, &config) {
+        assert!(r.login_ok, "with the login from config.json: {r:?}");
+    }
+}
+
+/// Pulls lazily from `reg` (token auth) with Strata's logins in `config`, and gives the requests
+/// Strata made of the token server, each checked to ask for pull access to the repository.
+fn tokens_strata_asked_for(reg: &AuthRegistry, config: &Path) -> Vec<common::auth_registry::TokenRequest> {
     let node = Node::start_with(&format!("docker_config = \"{}\"", config.display()));
     pull_lazily_from(&node, &reg.addr, &["--plain-http", "--user", &format!("{USER}:{PASSWORD}")]);
-    // Strata asked the token server itself, with the login, for pull access to the repository.
     let asked = reg.token_requests.lock().unwrap().clone();
-    let ours: Vec<_> = asked.iter().filter(|r| r.user_agent.starts_with("strata/")).collect();
+    let ours: Vec<_> = asked.iter().filter(|r| r.user_agent.starts_with("strata/")).cloned().collect();
     assert!(!ours.is_empty(), "Strata asked for a token: {asked:#?}");
     for r in &ours {
-        assert!(r.login_ok, "with the login from config.json: {r:?}");
         assert!(
             r.line.contains("repository%3Astrata%2Fbusybox%3Apull")
                 || r.line.contains("repository:strata/busybox:pull"),
             "{r:?}"
         );
+    }
+    ours
+}
+
+/// config.json's login is an identity token (an OAuth2 refresh token, as `az acr login`
+/// writes): Strata exchanges it at the token server through the OAuth2 form, as containerd does.
+#[test]
+#[ignore = "needs root, containerd, docker-registry, openssl and the test registry: run by .ci/run"]
+fn a_registry_with_token_auth_is_read_with_an_identity_token() {
+    let reg = AuthRegistry::start(Auth::Token);
+    let config = reg.docker_config_identity_token();
+    for r in tokens_strata_asked_for(&reg, &config) {
+        assert!(r.line.starts_with("POST ") && r.login_ok, "the identity token, through the form: {r:?}");
     }
 }
 

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 pub const USER: &str = "strata";
 pub const PASSWORD: &str = "s3cret-pull";
+/// The identity token (OAuth2 refresh token) the token server takes in place of the login.
+pub const IDENTITY_TOKEN: &str = "strata-refresh-token";
 
 #[derive(Debug, Clone)]
 pub struct TokenRequest {
@@ -184,6 +186,19 @@ impl AuthRegistry {
         std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default()
     }
 
+    /// A docker `config.json` with an identity token for this registry, as `az acr login`
+    /// writes one: a placeholder user without a password in `auth`, the token beside it.
+    pub fn docker_config_identity_token(&self) -> PathBuf {
+        let path = self.dir.path().join("config-identity.json");
+        let placeholder = docker_auth("00000000-0000-0000-0000-000000000000", "");
+        let body = format!(
+            "{{\"auths\":{{\"{}\":{{\"auth\":\"{placeholder}\",\"identitytoken\":\"{IDENTITY_TOKEN}\"}}}}}}",
+            self.addr
+        );
+        std::fs::write(&path, body).unwrap();
+        path
+    }
+
     /// A docker `config.json` with `password` for this registry.
     pub fn docker_config(&self, password: &str) -> PathBuf {
         let path = self.dir.path().join(format!("config-{}.json", password.len()));
@@ -241,7 +256,8 @@ impl Drop for AuthRegistry {
 }
 
 /// Serves `GET /token?service=..&scope=repository:NAME:pull` to clients that log in with
-/// USER/PASSWORD, with a JWT the registry trusts. Returns `127.0.0.1:PORT`.
+/// USER/PASSWORD, and the OAuth2 form (`POST /token`, `grant_type=refresh_token`) to those with
+/// IDENTITY_TOKEN, with a JWT the registry trusts. Returns `127.0.0.1:PORT`.
 fn token_server(key: PathBuf, cert_der: Vec<u8>, requests: Arc<Mutex<Vec<TokenRequest>>>) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
@@ -250,7 +266,7 @@ fn token_server(key: PathBuf, cert_der: Vec<u8>, requests: Arc<Mutex<Vec<TokenRe
             let mut reader = BufReader::new(conn.try_clone().unwrap());
             let mut line = String::new();
             let _ = reader.read_line(&mut line);
-            let (mut authorization, mut user_agent) = (String::new(), String::new());
+            let (mut authorization, mut user_agent, mut length) = (String::new(), String::new(), 0usize);
             loop {
                 let mut h = String::new();
                 if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
@@ -260,10 +276,21 @@ fn token_server(key: PathBuf, cert_der: Vec<u8>, requests: Arc<Mutex<Vec<TokenRe
                 match name.to_ascii_lowercase().as_str() {
                     "authorization" => authorization = value.trim().to_string(),
                     "user-agent" => user_agent = value.trim().to_string(),
+                    "content-length" => length = value.trim().parse().unwrap_or(0),
                     _ => {}
                 }
             }
-            let ok = authorization == format!("Basic {}", docker_auth(USER, PASSWORD));
+            // A POST's form is its query: taken into the request line, as a GET's is.
+            let mut form = vec![0u8; length.min(64 << 10)];
+            let _ = reader.read_exact(&mut form);
+            let form = String::from_utf8_lossy(&form).into_owned();
+            let line = if line.starts_with("POST ") { format!("{} {form}", line.trim()) } else { line };
+            let ok = if line.starts_with("POST ") {
+                form.split('&').any(|p| p == "grant_type=refresh_token")
+                    && form.split('&').any(|p| p == format!("refresh_token={IDENTITY_TOKEN}"))
+            } else {
+                authorization == format!("Basic {}", docker_auth(USER, PASSWORD))
+            };
             requests.lock().unwrap().push(TokenRequest { line: line.trim().to_string(), login_ok: ok, user_agent });
             let mut conn = conn;
             if !ok {
@@ -271,6 +298,7 @@ fn token_server(key: PathBuf, cert_der: Vec<u8>, requests: Arc<Mutex<Vec<TokenRe
                 continue;
             }
             let scope = line.split(['?', '&', ' ']).find_map(|p| p.strip_prefix("scope=")).unwrap_or("");
+            let scope = scope.replace('+', " ");
             let scope = scope.replace("%3A", ":").replace("%2F", "/");
             let name = scope.strip_prefix("repository:").and_then(|s| s.rsplit_once(':')).map(|(n, _)| n).unwrap_or("");
             let jwt = sign(&key, &cert_der, name);

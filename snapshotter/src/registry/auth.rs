@@ -21,9 +21,24 @@ impl std::fmt::Debug for Login {
     }
 }
 
+/// The user name docker gives a login whose secret is an identity token (an OAuth2 refresh
+/// token, as `az acr login` and some credential helpers hand out) rather than a password.
+pub const IDENTITY_TOKEN_USER: &str = "<token>";
+
 impl Login {
+    pub fn identity_token(token: String) -> Login {
+        Login { username: IDENTITY_TOKEN_USER.to_owned(), password: token }
+    }
+
+    pub fn is_identity_token(&self) -> bool {
+        self.username == IDENTITY_TOKEN_USER
+    }
+
+    /// The login as HTTP basic auth; an identity token goes with no user name, as containerd
+    /// sends it.
     pub fn basic_header(&self) -> String {
-        let raw = format!("{}:{}", self.username, self.password);
+        let user = if self.is_identity_token() { "" } else { self.username.as_str() };
+        let raw = format!("{user}:{}", self.password);
         format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(raw))
     }
 }
@@ -73,6 +88,10 @@ impl Credentials {
         let mut by_host = HashMap::new();
         for (key, a) in config.auths {
             let login = match (a.auth, a.username, a.password) {
+                // docker uses an identity token before a user name and password.
+                _ if a.identitytoken.as_ref().is_some_and(|t| !t.is_empty()) => {
+                    Login::identity_token(a.identitytoken.unwrap_or_default())
+                }
                 (Some(enc), _, _) if !enc.is_empty() => {
                     let raw = base64::engine::general_purpose::STANDARD
                         .decode(enc.trim())
@@ -83,12 +102,7 @@ impl Credentials {
                     Login { username: u.to_owned(), password: p.to_owned() }
                 }
                 (_, Some(u), Some(p)) => Login { username: u, password: p },
-                _ => {
-                    if a.identitytoken.is_some_and(|t| !t.is_empty()) {
-                        tracing::warn!(host = %key, path = %path.display(), "config.json's login for this host is an identity token, which Strata does not exchange; it is skipped");
-                    }
-                    continue;
-                }
+                _ => continue,
             };
             by_host.insert(normalise_host(&key), login);
         }
@@ -217,28 +231,67 @@ pub async fn fetch_token(
     if let Some(s) = service {
         url.query_pairs_mut().append_pair("service", s);
     }
-    let mut req = client.get(url);
     // The host's own headers go to its token service too, as containerd sends them: a gateway
     // may want them there.
-    for (name, value) in headers {
-        req = req.header(name, value);
+    let with_headers = |mut req: reqwest::RequestBuilder| {
+        for (name, value) in headers {
+            req = req.header(name, value);
+        }
+        req
+    };
+    let send = |req: reqwest::RequestBuilder| async move {
+        let resp = req.send().await.map_err(|source| RegistryError::Http { url: realm.to_owned(), source })?;
+        let status = resp.status();
+        let body = resp.bytes().await.map_err(|source| RegistryError::Http { url: realm.to_owned(), source })?;
+        Ok::<_, RegistryError>((status, body))
+    };
+    if let Some(l) = login.filter(|l| l.is_identity_token()) {
+        // An identity token is exchanged through the OAuth2 form of the token protocol, as
+        // containerd does; a service that does not know the form (GCR answers 404, ACR 400,
+        // Artifactory 401) is asked as for any login, the token as its password.
+        let mut form = url.clone();
+        form.set_query(None);
+        form.query_pairs_mut()
+            .append_pair("grant_type", "refresh_token")
+            .append_pair("refresh_token", &l.password)
+            .append_pair("client_id", "strata")
+            .append_pair("scope", scope);
+        if let Some(s) = service {
+            form.query_pairs_mut().append_pair("service", s);
+        }
+        let body = form.query().unwrap_or_default().to_owned();
+        let mut post = url.clone();
+        post.set_query(None);
+        let req = with_headers(client.post(post))
+            .header(reqwest::header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(body);
+        let (status, body) = send(req).await?;
+        if status.is_success() {
+            return token_of(&body).map_err(auth_err);
+        }
+        if !matches!(status.as_u16(), 400 | 401 | 404 | 405) {
+            return Err(auth_err(format!("the token service answered {status} to the identity token")));
+        }
     }
+    let mut req = with_headers(client.get(url));
     if let Some(l) = login {
         req = req.header(reqwest::header::AUTHORIZATION, l.basic_header());
     }
-    let resp = req.send().await.map_err(|source| RegistryError::Http { url: realm.to_owned(), source })?;
-    let status = resp.status();
-    let body = resp.bytes().await.map_err(|source| RegistryError::Http { url: realm.to_owned(), source })?;
+    let (status, body) = send(req).await?;
     if !status.is_success() {
         return Err(auth_err(format!("the token service answered {status}")));
     }
-    let answer: TokenAnswer =
-        serde_json::from_slice(&body).map_err(|e| auth_err(format!("unreadable token answer: {e}")))?;
+    token_of(&body).map_err(auth_err)
+}
+
+/// The token in a token service's answer.
+fn token_of(body: &[u8]) -> Result<String, String> {
+    let answer: TokenAnswer = serde_json::from_slice(body).map_err(|e| format!("unreadable token answer: {e}"))?;
     answer
         .token
         .or(answer.access_token)
         .filter(|t| !t.is_empty())
-        .ok_or_else(|| auth_err("the token answer holds no token".into()))
+        .ok_or_else(|| "the token answer holds no token".into())
 }
 
 #[cfg(test)]

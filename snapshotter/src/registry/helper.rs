@@ -39,10 +39,6 @@ pub enum HelperError {
     Failed { program: String, status: std::process::ExitStatus, output: String },
     #[error("docker credential helper {program} answered something that is not a login: {reason}")]
     Answer { program: String, reason: String },
-    #[error(
-        "docker credential helper {program} answered with an identity token, which Strata does not exchange for a registry token"
-    )]
-    IdentityToken { program: String },
 }
 
 #[derive(Deserialize)]
@@ -157,12 +153,10 @@ pub async fn ask(program: &str, server: &str, timeout: Duration) -> Result<Optio
             e.column()
         ),
     })?;
-    if answer.username == "<token>" {
-        return Err(HelperError::IdentityToken { program: program.to_owned() });
-    }
-    if answer.username.is_empty() && answer.secret.is_empty() {
+    if answer.secret.is_empty() {
         return Ok(None);
     }
+    // `<token>` as the user marks the secret as an identity token, which Login keeps so.
     Ok(Some(Login { username: answer.username, password: answer.secret }))
 }
 
@@ -215,8 +209,8 @@ echo '{"ServerURL":"registry.example:5000","Username":"robot","Secret":"s3cret"}
         let none = helper(dir.path(), &format!("echo '{NOT_FOUND}'; exit 1"));
         assert!(ask(&none, "r.example", TIMEOUT).await.unwrap().is_none());
         let token = helper(dir.path(), r#"echo '{"ServerURL":"r.example","Username":"<token>","Secret":"refresh"}'"#);
-        let e = ask(&token, "r.example", TIMEOUT).await.unwrap_err();
-        assert!(e.to_string().contains("identity token"), "{e}");
+        let login = ask(&token, "r.example", TIMEOUT).await.unwrap().unwrap();
+        assert!(login.is_identity_token() && login.password == "refresh");
         let garbage = helper(dir.path(), "echo 'Password:'");
         let e = ask(&garbage, "r.example", TIMEOUT).await.unwrap_err();
         assert!(matches!(e, HelperError::Answer { .. }), "{e}");

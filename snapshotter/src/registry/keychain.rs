@@ -79,7 +79,7 @@ struct Captured {
 pub enum LoginError {
     #[error("its auth field is not base64 of user:password")]
     BadAuth,
-    #[error("it carries only an identity or registry token, which Strata does not use")]
+    #[error("it carries only a registry token, which Strata does not use")]
     TokenOnly,
 }
 
@@ -89,9 +89,9 @@ pub fn login_of(auth: &AuthConfig) -> Result<Option<Login>, LoginError> {
     if !auth.username.is_empty() {
         return Ok(Some(Login { username: auth.username.clone(), password: auth.password.clone() }));
     }
-    // containerd reads an identity token before `auth`; Strata cannot use one.
+    // containerd reads an identity token before `auth`.
     if !auth.identity_token.is_empty() {
-        return Err(LoginError::TokenOnly);
+        return Ok(Some(Login::identity_token(auth.identity_token.clone())));
     }
     if !auth.auth.is_empty() {
         let raw =
@@ -401,8 +401,14 @@ mod tests {
         let bad = AuthConfig { auth: "%%%".into(), ..Default::default() };
         assert_eq!(login_of(&bad), Err(LoginError::BadAuth));
         let token = AuthConfig { identity_token: "t".into(), ..Default::default() };
-        assert_eq!(login_of(&token), Err(LoginError::TokenOnly));
+        assert_eq!(login_of(&token), Ok(Some(Login::identity_token("t".into()))));
         let both = AuthConfig { identity_token: "t".into(), auth: docker.auth.clone(), ..Default::default() };
-        assert_eq!(login_of(&both), Err(LoginError::TokenOnly), "as containerd, the identity token comes first");
+        assert_eq!(
+            login_of(&both),
+            Ok(Some(Login::identity_token("t".into()))),
+            "as containerd, the identity token comes first"
+        );
+        let registry_token = AuthConfig { registry_token: "r".into(), ..Default::default() };
+        assert_eq!(login_of(&registry_token), Err(LoginError::TokenOnly));
     }
 }
