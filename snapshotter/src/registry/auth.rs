@@ -57,7 +57,7 @@ pub struct Credentials {
 #[derive(Deserialize)]
 struct DockerConfig {
     #[serde(default)]
-    auths: HashMap<String, DockerAuth>,
+    auths: Option<HashMap<String, DockerAuth>>,
     #[serde(default, rename = "credHelpers")]
     cred_helpers: Option<HashMap<String, String>>,
     #[serde(default, rename = "credsStore")]
@@ -86,7 +86,7 @@ impl Credentials {
         };
         let config: DockerConfig = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
         let mut by_host = HashMap::new();
-        for (key, a) in config.auths {
+        for (key, a) in config.auths.unwrap_or_default() {
             let login = match (a.auth, a.username, a.password) {
                 // docker uses an identity token before a user name and password.
                 _ if a.identitytoken.as_ref().is_some_and(|t| !t.is_empty()) => {
@@ -225,9 +225,13 @@ pub async fn fetch_token(
     headers: &[(String, String)],
 ) -> Result<String, RegistryError> {
     let auth_err = |reason: String| RegistryError::Auth { url: realm.to_owned(), reason };
-    let mut url =
+    let realm_url =
         reqwest::Url::parse(realm).map_err(|e| auth_err(format!("the challenge's realm is not a URL: {e}")))?;
-    url.query_pairs_mut().append_pair("scope", scope);
+    let mut url = realm_url.clone();
+    // Several scopes, space-separated in a challenge, are one `scope` each in a GET.
+    for s in scope.split(' ').filter(|s| !s.is_empty()) {
+        url.query_pairs_mut().append_pair("scope", s);
+    }
     if let Some(s) = service {
         url.query_pairs_mut().append_pair("service", s);
     }
@@ -245,33 +249,34 @@ pub async fn fetch_token(
         let body = resp.bytes().await.map_err(|source| RegistryError::Http { url: realm.to_owned(), source })?;
         Ok::<_, RegistryError>((status, body))
     };
+    let mut form_refused = String::new();
     if let Some(l) = login.filter(|l| l.is_identity_token()) {
-        // An identity token is exchanged through the OAuth2 form of the token protocol, as
-        // containerd does; a service that does not know the form (GCR answers 404, ACR 400,
-        // Artifactory 401) is asked as for any login, the token as its password.
-        let mut form = url.clone();
-        form.set_query(None);
-        form.query_pairs_mut()
-            .append_pair("grant_type", "refresh_token")
-            .append_pair("refresh_token", &l.password)
-            .append_pair("client_id", "strata")
-            .append_pair("scope", scope);
-        if let Some(s) = service {
-            form.query_pairs_mut().append_pair("service", s);
-        }
-        let body = form.query().unwrap_or_default().to_owned();
-        let mut post = url.clone();
-        post.set_query(None);
-        let req = with_headers(client.post(post))
+        // An identity token is exchanged through the OAuth2 form of the token protocol, posted
+        // to the realm as the challenge gave it, as containerd does; a service that does not
+        // know the form (GCR answers 404, ACR 400, Artifactory 401) is asked as for any login,
+        // the token as its password.
+        let body = {
+            let mut form = form_urlencoded::Serializer::new(String::new());
+            form.append_pair("grant_type", "refresh_token")
+                .append_pair("refresh_token", &l.password)
+                .append_pair("client_id", "strata")
+                .append_pair("scope", scope);
+            if let Some(s) = service {
+                form.append_pair("service", s);
+            }
+            form.finish()
+        };
+        let req = with_headers(client.post(realm_url))
             .header(reqwest::header::CONTENT_TYPE, "application/x-www-form-urlencoded")
             .body(body);
         let (status, body) = send(req).await?;
         if status.is_success() {
             return token_of(&body).map_err(auth_err);
         }
-        if !matches!(status.as_u16(), 400 | 401 | 404 | 405) {
+        if !matches!(status.as_u16(), 400 | 401 | 404) {
             return Err(auth_err(format!("the token service answered {status} to the identity token")));
         }
+        form_refused = format!(" (and {status} to the identity token's form)");
     }
     let mut req = with_headers(client.get(url));
     if let Some(l) = login {
@@ -279,7 +284,7 @@ pub async fn fetch_token(
     }
     let (status, body) = send(req).await?;
     if !status.is_success() {
-        return Err(auth_err(format!("the token service answered {status}")));
+        return Err(auth_err(format!("the token service answered {status}{form_refused}")));
     }
     token_of(&body).map_err(auth_err)
 }

@@ -714,6 +714,16 @@ impl Registry {
                 let login = login.as_ref();
                 let header = match &challenge {
                     Some(Challenge::Basic) => match login {
+                        // A refresh token is for a token service, never a password to send.
+                        Some((l, from)) if l.is_identity_token() => {
+                            refused = Some(RegistryError::Auth {
+                                url: url.clone(),
+                                reason: format!(
+                                    "the login for {asked} ({from}) is an identity token, which cannot answer a Basic challenge"
+                                ),
+                            });
+                            continue;
+                        }
                         Some((l, _)) => l.basic_header(),
                         None => {
                             return Err(RegistryError::Auth {
@@ -886,6 +896,43 @@ mod tests {
             }
         });
         (addr, taken)
+    }
+
+    /// An identity token goes to the realm as the challenge gave it, as an OAuth2 form; a
+    /// service that does not know the form (400) is asked again by GET, with each scope on its
+    /// own and the token as the password of a login without a user name.
+    #[tokio::test]
+    async fn an_identity_token_falls_back_to_a_get_where_the_form_is_unknown() {
+        use super::*;
+        use base64::Engine;
+        let token = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(":refresh-tok"));
+        let (addr, taken) = serve_by(2, move |head| {
+            let first = head.lines().next().unwrap_or("");
+            let sent =
+                head.lines().find_map(|l| l.strip_prefix("authorization: ").or(l.strip_prefix("Authorization: ")));
+            if first.starts_with("POST /token?tenant=t1 ") {
+                "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            } else if first.starts_with("GET /token?tenant=t1&scope=repository%3Aa%3Apull&scope=repository%3Ab%3Apull&")
+                && sent == Some(token.as_str())
+            {
+                "HTTP/1.1 200 OK\r\nContent-Length: 14\r\nConnection: close\r\n\r\n{\"token\":\"T1\"}"
+            } else {
+                "HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            }
+        });
+        let client = reqwest::Client::new();
+        let login = Login::identity_token("refresh-tok".into());
+        let realm = format!("http://{addr}/token?tenant=t1");
+        let scope = "repository:a:pull repository:b:pull";
+        let got = fetch_token(&client, &realm, Some("reg"), scope, Some(&login), &[]).await.unwrap();
+        assert_eq!((got.as_str(), taken.load(std::sync::atomic::Ordering::SeqCst)), ("T1", 2));
+        // Any other refusal of the form ends it there: the token is not sent again.
+        let (addr, taken) = serve(vec!["HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"]);
+        let realm = format!("http://{addr}/token");
+        let e = fetch_token(&client, &realm, None, "repository:a:pull", Some(&login), &[]).await.unwrap_err();
+        assert!(e.to_string().contains("403") && e.to_string().contains("identity token"), "{e}");
+        assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(!format!("{e:?}").contains("refresh-tok"), "the token stays out of errors: {e:?}");
     }
 
     /// A login rotated in config.json while the daemon runs (a job renewing a registry token)

@@ -133,13 +133,17 @@ pub async fn ask(program: &str, server: &str, timeout: Duration) -> Result<Optio
         if stdout.contains(NOT_FOUND) {
             return Ok(None);
         }
-        // What it printed goes into the log; a helper that printed its answer and then failed
-        // would put the secret there.
-        let printed = format!("{} {}", stdout.trim(), String::from_utf8_lossy(&out.stderr).trim());
-        let output = if printed.contains("Secret") || printed.contains('{') {
-            "(its output is left out: it may hold a secret)".to_owned()
+        // What it says goes into the log: only the first line of its errors, and not even that
+        // if it looks like an answer, since a helper that printed its login and then failed
+        // would put the secret there. Its standard output is never shown.
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let first = stderr.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("");
+        let output = if first.contains("Secret") || first.contains('{') {
+            "(its message is left out: it may hold a secret)".to_owned()
+        } else if first.is_empty() {
+            "(no message)".to_owned()
         } else {
-            printed.trim().chars().take(300).collect()
+            first.chars().take(200).collect()
         };
         return Err(HelperError::Failed { program: program.to_owned(), status: out.status, output });
     }
