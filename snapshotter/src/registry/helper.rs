@@ -114,8 +114,11 @@ pub async fn ask(program: &str, server: &str, timeout: Duration) -> Result<Optio
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
+        // Its own process group, so that what it started goes with it when it is given up on.
+        .process_group(0)
         .spawn()
         .map_err(|source| HelperError::Spawn { program: program.to_owned(), source })?;
+    let group = child.id();
     let mut stdin = child.stdin.take().expect("stdin is piped");
     let run = async move {
         // A helper that exits without reading its input is answered by its exit, not by this
@@ -124,10 +127,15 @@ pub async fn ask(program: &str, server: &str, timeout: Duration) -> Result<Optio
         drop(stdin);
         child.wait_with_output().await
     };
-    let out = tokio::time::timeout(timeout, run)
-        .await
-        .map_err(|_| HelperError::Timeout { program: program.to_owned(), after: timeout })?
-        .map_err(|source| HelperError::Spawn { program: program.to_owned(), source })?;
+    let out = match tokio::time::timeout(timeout, run).await {
+        Ok(out) => out.map_err(|source| HelperError::Spawn { program: program.to_owned(), source })?,
+        Err(_) => {
+            if let Some(group) = group {
+                let _ = std::process::Command::new("kill").args(["-s", "KILL", "--", &format!("-{group}")]).status();
+            }
+            return Err(HelperError::Timeout { program: program.to_owned(), after: timeout });
+        }
+    };
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         if stdout.contains(NOT_FOUND) {
@@ -223,13 +231,26 @@ echo '{"ServerURL":"registry.example:5000","Username":"robot","Secret":"s3cret"}
     }
 
     #[tokio::test]
-    async fn a_helper_that_hangs_is_given_up_on() {
+    async fn a_helper_that_hangs_is_given_up_on_with_what_it_started() {
         let dir = tempfile::tempdir().unwrap();
-        let slow = helper(dir.path(), "sleep 30");
+        let pid = dir.path().join("pid");
+        let slow = helper(dir.path(), &format!("sleep 30 &\necho $! > {}\nwait", pid.display()));
         let started = Instant::now();
-        let e = ask(&slow, "r.example", Duration::from_millis(300)).await.unwrap_err();
+        let e = ask(&slow, "r.example", Duration::from_millis(500)).await.unwrap_err();
         assert!(matches!(e, HelperError::Timeout { .. }), "{e}");
         assert!(started.elapsed() < Duration::from_secs(10));
+        // The helper's own child went with it (killed, then reaped by init once orphaned).
+        let pid = std::fs::read_to_string(&pid).unwrap();
+        let proc = std::path::PathBuf::from(format!("/proc/{}", pid.trim()));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let gone = |p: &std::path::Path| {
+            std::fs::read_to_string(p.join("stat"))
+                .map_or(true, |s| s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')))
+        };
+        while !gone(&proc) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(gone(&proc), "the helper's child {} still runs", pid.trim());
     }
 
     #[tokio::test]
