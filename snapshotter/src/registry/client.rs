@@ -198,6 +198,13 @@ impl Registry {
         self.inner.keychain.clone()
     }
 
+    /// This registry, with its credential helpers' programs in `dir`, not on PATH.
+    #[cfg(test)]
+    fn with_helpers_in(mut self, dir: &std::path::Path) -> Registry {
+        Arc::get_mut(&mut self.inner).expect("a registry not yet shared").helpers = super::helper::Helpers::in_dir(dir);
+        self
+    }
+
     /// The logins to send `host` for `image`, in the order to try them (see [`Tries`]).
     fn logins<'a>(&'a self, image: &ImageRef, host: &'a str) -> Tries<'a> {
         let mut queue = std::collections::VecDeque::new();
@@ -865,6 +872,11 @@ fn origin(base: &str) -> &str {
 mod tests {
     use super::parse_content_range;
 
+    /// A ranged read of bytes 0 to 3 answered.
+    const ABCD: &str = "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-3/10\r\nContent-Length: 4\r\nConnection: close\r\n\r\nabcd";
+    /// A login asked for, by HTTP basic auth.
+    const BASIC_REFUSED: &str = "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"r\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+
     /// A registry on loopback that answers each request in turn from `answers`, on a new
     /// connection each; returns its address and how many requests it took.
     fn serve(answers: Vec<&'static str>) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
@@ -942,10 +954,7 @@ mod tests {
         use super::*;
         use base64::Engine;
         let right = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("strata:new-token"));
-        let ok = "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-3/10\r\nContent-Length: 4\r\n\
-                  Connection: close\r\n\r\nabcd";
-        let refused = "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"r\"\r\nContent-Length: 0\r\n\
-                       Connection: close\r\n\r\n";
+        let (ok, refused) = (ABCD, BASIC_REFUSED);
         let (addr, _) = serve_by(4, move |head| {
             let sent =
                 head.lines().find_map(|l| l.strip_prefix("authorization: ").or(l.strip_prefix("Authorization: ")));
@@ -978,10 +987,7 @@ mod tests {
         use base64::Engine;
         let header = |l: &str| format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(l));
         let (pod, node) = (header("pod:secret"), header("node:other"));
-        let ok = "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-3/10\r\nContent-Length: 4\r\n\
-                  Connection: close\r\n\r\nabcd";
-        let refused = "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"r\"\r\nContent-Length: 0\r\n\
-                       Connection: close\r\n\r\n";
+        let (ok, refused) = (ABCD, BASIC_REFUSED);
         // Each repository takes only its own login.
         let (addr, _) = serve_by(6, move |head| {
             let sent = head
@@ -1011,10 +1017,7 @@ mod tests {
         use super::*;
         use base64::Engine;
         let node = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("node:works"));
-        let ok = "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-3/10\r\nContent-Length: 4\r\n\
-                  Connection: close\r\n\r\nabcd";
-        let refused = "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"r\"\r\nContent-Length: 0\r\n\
-                       Connection: close\r\n\r\n";
+        let (ok, refused) = (ABCD, BASIC_REFUSED);
         let (addr, taken) = serve_by(3, move |head| if head.contains(&node) { ok } else { refused });
         let credentials =
             Credentials::default().with_login(&addr, Login { username: "node".into(), password: "works".into() });
@@ -1024,6 +1027,42 @@ mod tests {
         let digest = format!("sha256:{}", "8".repeat(64));
         assert_eq!(&reg.blob_range(&image, &digest, 0..4).await.unwrap()[..], b"abcd");
         assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 3, "anonymous, the pod's login, then the node's");
+    }
+
+    /// The credential helper config.json names is run only once a CRI pull's login is refused,
+    /// and then once for the reads that wait on it; its login is tried before config.json's own.
+    #[tokio::test]
+    async fn a_credential_helper_runs_only_when_the_cri_login_is_refused() {
+        use super::*;
+        use base64::Engine;
+        let basic = |l: &str| format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(l));
+        let (pod, helped) = (basic("pod:secret"), basic("robot:helped"));
+        let (ok, refused) = (ABCD, BASIC_REFUSED);
+        let dir = tempfile::tempdir().unwrap();
+        let runs = dir.path().join("runs");
+        let body =
+            format!("echo \"$server\" >> {}\necho '{{\"Username\":\"robot\",\"Secret\":\"helped\"}}'", runs.display());
+        super::super::helper::testing::ready_helper(dir.path(), "count", &body).await;
+        let config = dir.path().join("config.json");
+        let node = base64::engine::general_purpose::STANDARD.encode("node:other");
+        let (addr, taken) =
+            serve_by(5, move |head| if head.contains(&pod) || head.contains(&helped) { ok } else { refused });
+        std::fs::write(&config, format!(r#"{{"credsStore": "count", "auths": {{"{addr}": {{"auth": "{node}"}}}}}}"#))
+            .unwrap();
+        let reg = Registry::new(Hosts::new(None), Credentials::load(&config).unwrap()).with_helpers_in(dir.path());
+        let digest = format!("sha256:{}", "7".repeat(64));
+        // The pod's login works: the helper is never run.
+        let image = ImageRef::parse(&format!("{addr}/team/private:1")).unwrap();
+        reg.keychain().remember(&image, Login { username: "pod".into(), password: "secret".into() }, "");
+        assert_eq!(&reg.blob_range(&image, &digest, 0..4).await.unwrap()[..], b"abcd");
+        assert!(!runs.exists(), "the helper ran beside a CRI login that worked");
+        // Another repository, whose pod login has expired: the helper's login, before the node's.
+        let other = ImageRef::parse(&format!("{addr}/team/other:1")).unwrap();
+        reg.keychain().remember(&other, Login { username: "pod".into(), password: "expired".into() }, "");
+        assert_eq!(&reg.blob_range(&other, &digest, 0..4).await.unwrap()[..], b"abcd");
+        assert_eq!(std::fs::read_to_string(&runs).unwrap(), format!("{addr}\n"));
+        let asked = taken.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(asked, 5, "anonymous and the pod's; anonymous, the expired one and the helper's");
     }
 
     /// A pull-through mirror that answers a ranged read with the whole blob (200, as one

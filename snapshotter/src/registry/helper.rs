@@ -172,6 +172,31 @@ pub async fn ask(program: &str, server: &str, timeout: Duration) -> Result<Optio
     Ok(Some(Login { username: answer.username, password: answer.secret }))
 }
 
+/// Helper programs for tests elsewhere in the crate.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::{Path, PathBuf};
+
+    /// Writes `docker-credential-NAME` into `dir`, running `body` (sh) for `get` with what it
+    /// read in `$server`, and returns once it can be run: a process another test forked while
+    /// it was written may hold it open for writing until that process runs its own (ETXTBSY).
+    pub(crate) async fn ready_helper(dir: &Path, name: &str, body: &str) -> PathBuf {
+        let path = dir.join(format!("docker-credential-{name}"));
+        std::fs::write(&path, format!("#!/bin/sh\n[ \"$1\" = get ] || exit 9\nread -r server\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        for _ in 0..100 {
+            match tokio::process::Command::new(&path).status().await {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await
+                }
+                _ => break,
+            }
+        }
+        path
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
