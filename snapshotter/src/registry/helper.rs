@@ -199,30 +199,12 @@ pub(crate) mod testing {
 
 #[cfg(test)]
 mod tests {
+    use super::testing::ready_helper;
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
-
-    /// [`ask`], again while the kernel says the program is still open for writing: a process
-    /// another test forked while it was written may hold it open until that process runs its own
-    /// program (ETXTBSY).
-    async fn ask(program: &str, server: &str, timeout: Duration) -> Result<Option<Login>, HelperError> {
-        for _ in 0..50 {
-            match super::ask(program, server, timeout).await {
-                Err(HelperError::Spawn { source, .. }) if source.raw_os_error() == Some(libc::ETXTBSY) => {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                other => return other,
-            }
-        }
-        super::ask(program, server, timeout).await
-    }
 
     /// A helper program that runs `body` (sh), with what it read from its input in `$server`.
-    fn helper(dir: &std::path::Path, body: &str) -> String {
-        let path = dir.join(format!("docker-credential-t{}", body.len()));
-        std::fs::write(&path, format!("#!/bin/sh\n[ \"$1\" = get ] || exit 9\nread -r server\n{body}\n")).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        path.display().to_string()
+    async fn helper(dir: &std::path::Path, body: &str) -> String {
+        ready_helper(dir, &format!("t{}", body.len()), body).await.display().to_string()
     }
 
     #[tokio::test]
@@ -232,7 +214,8 @@ mod tests {
             dir.path(),
             r#"[ "$server" = "registry.example:5000" ] || exit 3
 echo '{"ServerURL":"registry.example:5000","Username":"robot","Secret":"s3cret"}'"#,
-        );
+        )
+        .await;
         let login = ask(&program, "registry.example:5000", TIMEOUT).await.unwrap().unwrap();
         assert_eq!((login.username.as_str(), login.password.as_str()), ("robot", "s3cret"));
         // Asked for another server, this helper fails, and says how.
@@ -243,12 +226,13 @@ echo '{"ServerURL":"registry.example:5000","Username":"robot","Secret":"s3cret"}
     #[tokio::test]
     async fn no_login_is_not_an_error_and_bad_answers_are() {
         let dir = tempfile::tempdir().unwrap();
-        let none = helper(dir.path(), &format!("echo '{NOT_FOUND}'; exit 1"));
+        let none = helper(dir.path(), &format!("echo '{NOT_FOUND}'; exit 1")).await;
         assert!(ask(&none, "r.example", TIMEOUT).await.unwrap().is_none());
-        let token = helper(dir.path(), r#"echo '{"ServerURL":"r.example","Username":"<token>","Secret":"refresh"}'"#);
+        let token =
+            helper(dir.path(), r#"echo '{"ServerURL":"r.example","Username":"<token>","Secret":"refresh"}'"#).await;
         let login = ask(&token, "r.example", TIMEOUT).await.unwrap().unwrap();
         assert!(login.is_identity_token() && login.password == "refresh");
-        let garbage = helper(dir.path(), "echo 'Password:'");
+        let garbage = helper(dir.path(), "echo 'Password:'").await;
         let e = ask(&garbage, "r.example", TIMEOUT).await.unwrap_err();
         assert!(matches!(e, HelperError::Answer { .. }), "{e}");
         let e = ask("/nonexistent/docker-credential-x", "r.example", TIMEOUT).await.unwrap_err();
@@ -259,7 +243,7 @@ echo '{"ServerURL":"registry.example:5000","Username":"robot","Secret":"s3cret"}
     async fn a_helper_that_hangs_is_given_up_on_with_what_it_started() {
         let dir = tempfile::tempdir().unwrap();
         let pid = dir.path().join("pid");
-        let slow = helper(dir.path(), &format!("sleep 30 &\necho $! > {}\nwait", pid.display()));
+        let slow = helper(dir.path(), &format!("sleep 30 &\necho $! > {}\nwait", pid.display())).await;
         let started = Instant::now();
         let e = ask(&slow, "r.example", Duration::from_millis(500)).await.unwrap_err();
         assert!(matches!(e, HelperError::Timeout { .. }), "{e}");
@@ -286,11 +270,7 @@ echo '{"ServerURL":"registry.example:5000","Username":"robot","Secret":"s3cret"}
             "echo \"$server\" >> {}\nsleep 0.3\necho '{{\"Username\":\"robot\",\"Secret\":\"s3cret\"}}'",
             runs.display()
         );
-        let program = helper(dir.path(), &body);
-        std::fs::rename(&program, dir.path().join("docker-credential-once")).unwrap();
-        // Run once directly, until it is not busy (see `ask` above), and forget that run.
-        ask(&dir.path().join("docker-credential-once").display().to_string(), "x", TIMEOUT).await.unwrap();
-        std::fs::remove_file(&runs).unwrap();
+        ready_helper(dir.path(), "once", &body).await;
         let helpers = Arc::new(Helpers::in_dir(dir.path()));
         let asks = (0..8).map(|_| {
             let helpers = helpers.clone();
@@ -306,10 +286,10 @@ echo '{"ServerURL":"registry.example:5000","Username":"robot","Secret":"s3cret"}
     #[tokio::test]
     async fn a_secret_in_what_a_helper_printed_stays_out_of_its_error() {
         let dir = tempfile::tempdir().unwrap();
-        let failed = helper(dir.path(), r#"echo '{"Username":"robot","Secret":"s3cret"}'; exit 1"#);
+        let failed = helper(dir.path(), r#"echo '{"Username":"robot","Secret":"s3cret"}'; exit 1"#).await;
         let e = ask(&failed, "r.example", TIMEOUT).await.unwrap_err().to_string();
         assert!(e.contains("failed") && !e.contains("s3cret"), "{e}");
-        let quoted = helper(dir.path(), r#"echo '"s3cret"'"#);
+        let quoted = helper(dir.path(), r#"echo '"s3cret"'"#).await;
         let e = ask(&quoted, "r.example", TIMEOUT).await.unwrap_err().to_string();
         assert!(e.contains("not the JSON of a login") && !e.contains("s3cret"), "{e}");
     }

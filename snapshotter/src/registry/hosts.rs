@@ -241,19 +241,24 @@ fn default_endpoint(host: &str) -> Endpoint {
 mod tests {
     use super::*;
 
+    /// A config dir holding `toml` as the hosts.toml of `host`; gives the dir and the host's dir.
+    fn hosts_dir(host: &str, toml: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join(host);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("hosts.toml"), toml).unwrap();
+        (dir, d)
+    }
+
     #[test]
     fn hosts_toml_gives_mirrors_in_order_then_the_server() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path().join("registry.example:5000");
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(
-            d.join("hosts.toml"),
+        let (dir, d) = hosts_dir(
+            "registry.example:5000",
             "server = \"https://registry.example:5000\"\n\
              [host.\"http://mirror-b:5000\"]\n  capabilities = [\"pull\"]\n\
              [host.\"https://mirror-a\"]\n  capabilities = [\"pull\", \"resolve\"]\n  skip_verify = true\n\
              ca = \"mirror-a.pem\"\n",
-        )
-        .unwrap();
+        );
         let e = Hosts::new(Some(dir.path())).endpoints("registry.example:5000").unwrap();
         let bases: Vec<&str> = e.iter().map(|e| e.base.as_str()).collect();
         assert_eq!(bases, ["http://mirror-b:5000/v2", "https://mirror-a/v2", "https://registry.example:5000/v2"]);
@@ -273,14 +278,10 @@ mod tests {
     /// are taken in any case.
     #[test]
     fn hosts_without_a_scheme_are_https_and_capabilities_any_case() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path().join("reg.corp");
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(
-            d.join("hosts.toml"),
+        let (dir, _) = hosts_dir(
+            "reg.corp",
             "server = \"reg.corp\"\n[host.\"mirror.corp:5000\"]\n  capabilities = [\"Pull\", \"RESOLVE\"]\n",
-        )
-        .unwrap();
+        );
         let e = Hosts::new(Some(dir.path())).endpoints("reg.corp").unwrap();
         let bases: Vec<&str> = e.iter().map(|e| e.base.as_str()).collect();
         assert_eq!(bases, ["https://mirror.corp:5000/v2", "https://reg.corp/v2"]);
@@ -289,18 +290,14 @@ mod tests {
 
     #[test]
     fn client_certificates_and_headers_are_read_as_containerd_writes_them() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path().join("reg.corp");
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(
-            d.join("hosts.toml"),
+        let (dir, d) = hosts_dir(
+            "reg.corp",
             "server = \"https://reg.corp\"\nclient = \"both.pem\"\n\
              [host.\"https://a.corp\"]\n  client = [[\"a.crt\", \"a.key\"]]\n\
                [host.\"https://a.corp\".header]\n    x-api-key = \"k1\"\n    x-multi = [\"v1\", \"v2\"]\n\
              [host.\"https://b.corp\"]\n  client = [[\"/etc/b.crt\", \"/etc/b.key\"], [\"other.crt\", \"\"]]\n\
              [host.\"https://c.corp\"]\n  client = [\"c-both.pem\", \"c-other.pem\"]\n",
-        )
-        .unwrap();
+        );
         let e = Hosts::new(Some(dir.path())).endpoints("reg.corp").unwrap();
         assert_eq!(e[0].client, Some((d.join("a.crt"), Some(d.join("a.key")))));
         let headers: Vec<(&str, &str)> = e[0].headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
@@ -317,10 +314,7 @@ mod tests {
 
     #[test]
     fn top_level_settings_without_a_server_are_the_default_endpoints() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path().join("_default");
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(d.join("hosts.toml"), "ca = \"corp-ca.pem\"\n[header]\n  x-team = \"ml\"\n").unwrap();
+        let (dir, d) = hosts_dir("_default", "ca = \"corp-ca.pem\"\n[header]\n  x-team = \"ml\"\n");
         let e = Hosts::new(Some(dir.path())).endpoints("reg.corp").unwrap();
         assert_eq!(e.len(), 1);
         assert_eq!(e[0].base, "https://reg.corp/v2");
@@ -334,10 +328,7 @@ mod tests {
 
     #[test]
     fn a_bad_hosts_toml_names_the_file_and_the_problem() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path().join("_default");
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(d.join("hosts.toml"), "server = \"ftp://x\"\n").unwrap();
+        let (dir, _) = hosts_dir("_default", "server = \"ftp://x\"\n");
         let e = Hosts::new(Some(dir.path())).endpoints("any.io").unwrap_err().to_string();
         assert!(e.contains("_default/hosts.toml") && e.contains("http:// or https://"), "{e}");
     }
