@@ -6,6 +6,7 @@ mod common;
 
 use common::s3::*;
 use common::*;
+use object_store::ObjectStoreExt;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 use std::process::Command;
@@ -642,6 +643,36 @@ fn fuse_root_rgw_write_semantics() {
     assert_eq!(head(&rgw, &key("t.tmp")), None);
     assert_eq!(names(&m.mnt), ["a.txt", "empty"]);
     m.stop();
+}
+
+/// Names with characters that URIs and object_store's own paths escape are their keys,
+/// exactly, both ways: an object uploaded by another client is read under its name, and a file
+/// written through the mount lands under its name, not an escaped one.
+#[test]
+#[ignore = "needs root, /dev/fuse and Ceph RGW: run by .ci/run"]
+fn fuse_root_rgw_names_with_uri_characters_are_their_keys() {
+    let rgw = Rgw::from_env();
+    let prefix = unique_prefix("odd-names");
+    let theirs = "img[1] ~%41?#*.bin";
+    let want = data(71, 300_000);
+    rt().block_on(rgw.store().put(&at(&format!("{prefix}{theirs}")), want.clone().into())).unwrap();
+    let mut m = rgw_mount(&rgw, &prefix);
+    assert_eq!(names(&m.mnt), [theirs]);
+    assert_eq!(std::fs::read(m.path(theirs)).unwrap(), want, "an object named with URI characters reads whole");
+
+    let ours = "ckpt~1 [best] 100%.pt";
+    std::fs::write(m.path(ours), b"weights").unwrap();
+    let mut keys = keys_under(&rgw, &prefix);
+    keys.sort();
+    let mut expected = vec![format!("{prefix}{ours}"), format!("{prefix}{theirs}")];
+    expected.sort();
+    assert_eq!(keys, expected, "a file written through the mount is the object of its own name");
+    assert_eq!(get(&rgw, &format!("{prefix}{ours}")), b"weights");
+    std::fs::rename(m.path(ours), m.path("renamed ~ok~.pt")).unwrap();
+    assert_eq!(get(&rgw, &format!("{prefix}renamed ~ok~.pt")), b"weights");
+    assert_eq!(head(&rgw, &format!("{prefix}{ours}")), None, "the rename took the object from its old name");
+    m.stop();
+    delete_under(&rgw, &prefix);
 }
 
 /// The unfinished multipart uploads RGW holds for `key`, as S3's ListMultipartUploads gives

@@ -34,6 +34,22 @@ fn local_cold_store_warmup_and_read_back() {
 }
 
 #[test]
+fn cat_reads_the_object_named_even_with_uri_characters_in_its_key() {
+    let (d, cold) = local_daemon();
+    std::fs::create_dir_all(cold.join("odd dir")).unwrap();
+    // Each key's look-alike also exists, so a key cut at `?` or `#`, or decoded once too often
+    // (`%41` as `A`), would read the wrong object instead of failing.
+    let keys =
+        ["odd dir/My Photo.jpg", "odd dir/a?b", "odd dir/a", "odd dir/c#d", "odd dir/c", "odd dir/%41", "odd dir/A"];
+    for (i, key) in keys.iter().enumerate() {
+        std::fs::write(cold.join(key), data(40 + i as u64, 1000 + i)).unwrap();
+    }
+    for (i, key) in keys.iter().enumerate() {
+        assert_eq!(d.cat(key), data(40 + i as u64, 1000 + i), "{key}");
+    }
+}
+
+#[test]
 fn changed_object_is_never_served_mixed() {
     let (d, cold) = local_daemon();
     std::fs::create_dir_all(cold.join("m")).unwrap();

@@ -22,17 +22,22 @@ pub fn rgw_mount(rgw: &Rgw, prefix: &str) -> Mount {
     rgw_mount_with(rgw, prefix, &[])
 }
 
+/// `key` as it is, as Strata names objects: `ObjPath::from` would escape `~`, `[`, `%` and more.
+pub fn at(key: &str) -> ObjPath {
+    ObjPath::parse(key).unwrap_or_else(|_| ObjPath::from(key))
+}
+
 /// The size of the object at `key`, if there is one.
 pub fn head(rgw: &Rgw, key: &str) -> Option<u64> {
-    rt().block_on(rgw.store().head(&ObjPath::from(key))).ok().map(|m| m.size)
+    rt().block_on(rgw.store().head(&at(key))).ok().map(|m| m.size)
 }
 
 pub fn delete(rgw: &Rgw, key: &str) {
-    let _ = rt().block_on(rgw.store().delete(&ObjPath::from(key)));
+    let _ = rt().block_on(rgw.store().delete(&at(key)));
 }
 
 pub fn get(rgw: &Rgw, key: &str) -> Vec<u8> {
-    rt().block_on(async { rgw.store().get(&ObjPath::from(key)).await.unwrap().bytes().await.unwrap() }).to_vec()
+    rt().block_on(async { rgw.store().get(&at(key)).await.unwrap().bytes().await.unwrap() }).to_vec()
 }
 
 /// Deletes every object under `prefix`: a test's own keys, at its end.

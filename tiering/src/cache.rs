@@ -96,12 +96,27 @@ impl TieredCache {
             .map_err(|e| CacheError::io("creating state dir", &config.state_dir, e))?;
         let lock = restore::lock_state_dir(&config.state_dir)?;
         restore::remove_stale_temps(&config.state_dir);
+        let mut pins = restore::load_pins(&config.state_dir);
+        // A pin made by `strata tier pin --tier warm` outlives a config that drops the warm
+        // tier. Held, it would count its chunks as pinned while nothing could keep them (a hot
+        // chunk pinned elsewhere is a victim like any other), so it is let go, and said so.
+        pins.retain(|p| {
+            let kept = p.tier == TierKind::Hot || warm.is_some();
+            if !kept {
+                warn!(
+                    pattern = %p.pattern,
+                    tier = p.tier.as_str(),
+                    "a saved pin names a tier the config no longer has; the pin is dropped and its chunks are cached as any others"
+                );
+            }
+            kept
+        });
         let metrics = Metrics::default();
         let core = Core {
             tiers: [Some(hot), warm],
             index: Default::default(),
             policy: std::sync::RwLock::new(policy),
-            pins: std::sync::RwLock::new(restore::load_pins(&config.state_dir)),
+            pins: std::sync::RwLock::new(pins),
             pin_refreshes: Default::default(),
             pins_saving: Default::default(),
             metrics,
@@ -466,7 +481,7 @@ impl TieredCache {
                 r.pin.is_none()
             });
             for (id, _, _) in claimed {
-                if let Some(e) = core.evict(&id, "manual") {
+                if let Some(e) = core.evict_unpinned(&id, "manual") {
                     moved.chunks += 1;
                     moved.bytes += e.data_len;
                 }
@@ -494,8 +509,7 @@ impl TieredCache {
                 e.pin.is_none() && r.ttl.is_some_and(|t| now.saturating_sub(e.inserted_ms) > t.as_millis() as u64)
             });
             for (id, _, _) in expired {
-                core.evict(&id, "ttl");
-                pass.expired += 1;
+                pass.expired += u64::from(core.evict_unpinned(&id, "ttl").is_some());
             }
             pass.demoted = demote_idle(core, None).chunks;
             let stale = core.claim(|e, r| {
@@ -504,8 +518,7 @@ impl TieredCache {
                     && r.warm_idle.is_some_and(|w| now.saturating_sub(e.last_ms) >= w.as_millis() as u64)
             });
             for (id, _, _) in stale {
-                core.evict(&id, "idle");
-                pass.evicted += 1;
+                pass.evicted += u64::from(core.evict_unpinned(&id, "idle").is_some());
             }
             let misplaced = core.claim(|e, _| e.pin.is_some_and(|p| p != e.tier));
             for (id, tier, _) in misplaced {

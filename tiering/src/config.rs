@@ -395,10 +395,20 @@ impl Config {
                 return err(key, message);
             }
         }
-        if let (Some(h), Some(w)) = (&self.tiers.hot.path, &self.tiers.warm.path)
-            && h == w
+        let [(_, hot, hot_cap), (_, warm, warm_cap)] = self.tier_specs();
+        // Compared as the tiers will use them, defaults filled in and links followed: a warm
+        // path naming the hot tier's default directory shares its chunk files just the same,
+        // and each tier would delete the other's at every restart.
+        if let (Some(h), Some(w)) = (self.tier_config(hot, "hot", hot_cap), self.tier_config(warm, "warm", warm_cap))
+            && same_dir(&h.path, &w.path)
         {
-            return err("tiers.warm.path".into(), "must differ from tiers.hot.path".into());
+            return err(
+                "tiers.warm.path".into(),
+                format!(
+                    "{} is also the hot tier's directory; the tiers need directories of their own",
+                    w.path.display()
+                ),
+            );
         }
         if !self.metrics.listen.is_empty() && self.metrics.listen.parse::<std::net::SocketAddr>().is_err() {
             return err("metrics.listen".into(), format!("`{}` is not host:port", self.metrics.listen));
@@ -533,6 +543,15 @@ impl Config {
     }
 }
 
+/// Whether two tier paths name one directory: the same path once `.` and trailing slashes are
+/// gone, or, where both exist, the same directory through links.
+fn same_dir(a: &std::path::Path, b: &std::path::Path) -> bool {
+    if a.components().eq(b.components()) {
+        return true;
+    }
+    matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -617,6 +636,30 @@ mod tests {
         assert_eq!(e.key, "mounts[0].part_size");
         let e = Config::from_toml("[[mounts]]\npath = \"/m\"\nleftovers = \"maybe\"\n").unwrap_err();
         assert_eq!(e.key, "mounts[0].leftovers");
+    }
+
+    #[test]
+    fn a_warm_tier_in_the_hot_tiers_directory_is_refused_however_it_is_named() {
+        for text in [
+            "[tiers.hot]\npath = \"/data/t\"\n[tiers.warm]\npath = \"/data/t\"\n",
+            "state_dir = \"/data\"\n[tiers.warm]\npath = \"/data/hot\"\n",
+            "state_dir = \"/data\"\n[tiers.warm]\npath = \"/data/./hot/\"\n",
+            "[tiers.hot]\npath = \"/var/lib/strata/warm\"\n",
+        ] {
+            let e = Config::from_toml(text).unwrap_err();
+            assert_eq!(e.key, "tiers.warm.path", "{text}: {e}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("hot")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("hot"), dir.path().join("alias")).unwrap();
+        let text = format!(
+            "state_dir = \"{}\"\n[tiers.warm]\npath = \"{}\"\n",
+            dir.path().display(),
+            dir.path().join("alias").display()
+        );
+        assert_eq!(Config::from_toml(&text).unwrap_err().key, "tiers.warm.path");
+        assert!(Config::from_toml("state_dir = \"/data\"\n[tiers.warm]\npath = \"/sas/warm\"\n").is_ok());
+        assert!(Config::from_toml("state_dir = \"/data\"\n[tiers.warm]\ncapacity = 0\npath = \"/data/hot\"\n").is_ok());
     }
 
     #[test]

@@ -183,6 +183,21 @@ impl Core {
         self.drop_locked(&mut ix, id, reason)
     }
 
+    /// Drops an entry the policy claimed, unless a pin reached it after the claim: a pin made
+    /// while a pass holds thousands of victims must still keep every chunk it names. Such an
+    /// entry is only released.
+    pub fn evict_unpinned(&self, id: &KeyId, reason: &'static str) -> Option<Entry> {
+        let mut ix = self.lock();
+        match ix.entries.get_mut(id) {
+            Some(e) if e.pin.is_some() => {
+                e.moving = false;
+                None
+            }
+            Some(_) => self.drop_locked(&mut ix, id, reason),
+            None => None,
+        }
+    }
+
     /// Looks a chunk up in hot, then warm, and returns its verified bytes.
     pub fn lookup(&self, key: &ChunkKey, id: &KeyId) -> Option<Hit> {
         self.lookup_with(key, id, chunkfile::read_verified_file)
@@ -327,7 +342,7 @@ impl Core {
         if tier == TierKind::Hot && self.has(TierKind::Warm) {
             self.relocate(id, TierKind::Hot, TierKind::Warm);
         } else {
-            self.evict(id, "capacity");
+            self.evict_unpinned(id, "capacity");
         }
     }
 

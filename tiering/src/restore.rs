@@ -163,19 +163,32 @@ pub(crate) fn remove_stale_temps(dir: &Path) {
 /// losing every pin. The temp file is this write's own: another process on the same cache may
 /// be saving the same state.
 fn write_state(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), CacheError> {
+    let path = dir.join(name);
+    write_durably(&path, bytes).map_err(|e| CacheError::io("writing state file", &path, e))
+}
+
+/// Replaces `path` with `bytes` so that after a crash or power cut it holds either the old
+/// content or the new, whole: a private temp file beside it, synced, renamed over it, and the
+/// directory synced. The temp's name is unique per call, so concurrent writers never rename
+/// each other's half-written file; [`remove_stale_temps`] clears those a crash leaves.
+pub(crate) fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let path = dir.join(name);
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
     let written = std::fs::File::create(&tmp)
         .and_then(|mut f| f.write_all(bytes).and_then(|_| f.sync_all()))
-        .and_then(|_| std::fs::rename(&tmp, &path))
+        .and_then(|_| std::fs::rename(&tmp, path))
         .and_then(|_| std::fs::File::open(dir).and_then(|d| d.sync_all()));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    written.map_err(|e| CacheError::io("writing state file", &path, e))
+    written
 }
 
 fn read_state<T: serde::de::DeserializeOwned + Default>(dir: &Path, name: &str) -> T {

@@ -387,7 +387,12 @@ impl ObjectSource {
 
     pub(crate) fn location(&self, path: &str) -> ObjPath {
         let path = path.trim_start_matches('/');
-        if self.prefix.is_empty() { ObjPath::from(path) } else { ObjPath::from(format!("{}/{path}", self.prefix)) }
+        let key = if self.prefix.is_empty() { path.to_string() } else { format!("{}/{path}", self.prefix) };
+        // The key as it is. `ObjPath::from` escapes `~`, `%`, `?`, `#`, `[`, `*` and more
+        // (`~` as `%7E`), so an object named `img[1].jpg` could not be read, and a file written
+        // as `ckpt~1` would land under another key than its name. Only a key `ObjPath` cannot
+        // hold as it is (an empty segment, `.`, a control character) keeps the escaped form.
+        ObjPath::parse(&key).unwrap_or_else(|_| ObjPath::from(key))
     }
 
     fn relative(&self, loc: &ObjPath) -> String {

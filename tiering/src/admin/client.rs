@@ -23,6 +23,21 @@ pub enum ClientError {
     Decode(String),
 }
 
+/// Bytes an object key may carry as they are in a URI path segment; the rest are escaped.
+const KEY_SEGMENT: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+/// An object key as a URI path. Keys hold spaces, `?`, `#` and `%` often enough (a dataset's
+/// `My Photo.jpg`), and unescaped these would break the request or name another object; each
+/// `/`-separated segment is escaped alone so the key's own structure survives.
+fn object_path_in_uri(key: &str) -> String {
+    key.trim_start_matches('/')
+        .split('/')
+        .map(|seg| percent_encoding::utf8_percent_encode(seg, KEY_SEGMENT).to_string())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
 #[derive(Debug, Clone)]
 pub struct AdminClient {
     socket: PathBuf,
@@ -51,14 +66,20 @@ impl AdminClient {
         ClientError::Transport { socket: self.socket.clone(), message: e.to_string() }
     }
 
-    fn request(method: Method, path: &str, body: Bytes, content_type: &str) -> Request<Full<Bytes>> {
+    fn request(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+        content_type: &str,
+    ) -> Result<Request<Full<Bytes>>, ClientError> {
         Request::builder()
             .method(method)
             .uri(path)
             .header("host", "strata")
             .header("content-type", content_type)
             .body(Full::new(body))
-            .expect("static request parts are valid")
+            .map_err(|e| self.transport(format!("cannot form a request for {path}: {e}")))
     }
 
     async fn api_error(&self, status: hyper::StatusCode, body: hyper::body::Incoming) -> ClientError {
@@ -73,7 +94,7 @@ impl AdminClient {
     }
 
     async fn call(&self, method: Method, path: &str, body: Bytes, content_type: &str) -> Result<Bytes, ClientError> {
-        let resp = self.send(Self::request(method, path, body, content_type)).await?;
+        let resp = self.send(self.request(method, path, body, content_type)?).await?;
         let status = resp.status();
         if !status.is_success() {
             return Err(self.api_error(status, resp.into_body()).await);
@@ -101,8 +122,8 @@ impl AdminClient {
         out: &mut (impl tokio::io::AsyncWrite + Unpin),
     ) -> Result<u64, ClientError> {
         use tokio::io::AsyncWriteExt;
-        let uri = format!("{}/{}", super::api::READ, path.trim_start_matches('/'));
-        let resp = self.send(Self::request(Method::GET, &uri, Bytes::new(), "application/json")).await?;
+        let uri = format!("{}/{}", super::api::READ, object_path_in_uri(path));
+        let resp = self.send(self.request(Method::GET, &uri, Bytes::new(), "application/json")?).await?;
         let status = resp.status();
         let expected: Option<u64> =
             resp.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());

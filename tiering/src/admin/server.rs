@@ -26,13 +26,21 @@ pub struct AdminState {
     pub cache: TieredCache,
     pub source: ObjectSource,
     pub policy_file: PathBuf,
+    policy_lock: Arc<std::sync::Mutex<()>>,
     jobs: Arc<Mutex<HashMap<u64, Arc<Progress>>>>,
     next_job: Arc<AtomicU64>,
 }
 
 impl AdminState {
     pub fn new(cache: TieredCache, source: ObjectSource, policy_file: PathBuf) -> Self {
-        AdminState { cache, source, policy_file, jobs: Default::default(), next_job: Arc::new(AtomicU64::new(1)) }
+        AdminState {
+            cache,
+            source,
+            policy_file,
+            policy_lock: Default::default(),
+            jobs: Default::default(),
+            next_job: Arc::new(AtomicU64::new(1)),
+        }
     }
 }
 
@@ -110,10 +118,11 @@ async fn policy_set(State(s): State<AdminState>, body: String) -> Reply<PolicyVi
     let policy = Policy::from_toml(&body)
         .and_then(|p| p.check_tiers(warm).map(|()| p))
         .map_err(|e| bad(format!("policy rejected, nothing changed: {e}")))?;
+    // One set at a time, so the file on disk and the policy in force are the same one.
+    let _one = s.policy_lock.lock().unwrap_or_else(|p| p.into_inner());
     // Persist first: a policy that cannot be saved would silently revert at the next restart.
-    let tmp = s.policy_file.with_extension("toml.tmp");
-    let write = std::fs::write(&tmp, body.as_bytes()).and_then(|_| std::fs::rename(&tmp, &s.policy_file));
-    write.map_err(|e| {
+    // Durably: an empty or torn file after a power cut would drop every rule, or stop the daemon.
+    crate::restore::write_durably(&s.policy_file, body.as_bytes()).map_err(|e| {
         Failure(StatusCode::INTERNAL_SERVER_ERROR, format!("cannot write policy file {}: {e}", s.policy_file.display()))
     })?;
     s.cache.set_policy(policy);

@@ -250,6 +250,50 @@ async fn pinned_chunks_stay_and_oversized_pins_are_refused() {
 }
 
 #[tokio::test]
+async fn a_saved_pin_to_a_tier_the_config_no_longer_has_is_let_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = fetcher(CHUNK);
+    {
+        let c = open(dir.path(), 1 << 20, Some(1 << 20), Policy::default());
+        for i in 0..3 {
+            c.get(&key("ckpt/a", i), f.clone(), W).await.unwrap();
+        }
+        c.pin(PathPattern::parse("ckpt/").unwrap(), TierKind::Warm).await.unwrap();
+        c.flush().await.unwrap();
+    }
+    let c = open(dir.path(), 1 << 20, None, Policy::default());
+    assert!(c.pins().is_empty(), "{:?}", c.pins());
+    // Read again, the chunks come into the hot tier, the only one left.
+    for i in 0..3 {
+        c.get(&key("ckpt/a", i), f.clone(), W).await.unwrap();
+    }
+    assert_eq!(c.status().tier(TierKind::Hot).unwrap().pinned, 0, "no chunk may count as pinned");
+    let dropped = c.evict(PathPattern::parse("ckpt/").unwrap()).await.unwrap();
+    assert_eq!((dropped.chunks, dropped.skipped_pinned), (3, 0), "{dropped:?}");
+}
+
+#[tokio::test]
+async fn a_chunk_pinned_after_the_policy_chose_it_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = open(dir.path(), 1 << 20, Some(1 << 20), Policy::default());
+    let f = fetcher(CHUNK);
+    let k = key("keep/x", 0);
+    c.get(&k, f.clone(), W).await.unwrap();
+    // A policy pass has chosen it (an expiry, an idle eviction, a capacity victim) ...
+    let claimed = c.core.claim(|_, _| true);
+    assert_eq!(claimed.len(), 1);
+    // ... and a pin lands before the pass drops it.
+    c.pin(PathPattern::parse("keep/").unwrap(), TierKind::Hot).await.unwrap();
+    for reason in ["ttl", "idle", "capacity", "manual"] {
+        assert!(c.core.evict_unpinned(&k.id(), reason).is_none(), "{reason}");
+    }
+    assert_eq!(c.location(&k), Some(TierKind::Hot));
+    assert!(!c.core.lock().entries[&k.id()].moving, "the entry must be released for later moves");
+    assert_eq!(c.get(&k, f.clone(), W).await.unwrap(), bytes_for(&k, CHUNK));
+    assert_eq!(f.calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
 async fn restart_rebuilds_index_and_discards_damage() {
     let dir = tempfile::tempdir().unwrap();
     let f = fetcher(CHUNK);
