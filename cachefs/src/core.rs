@@ -224,6 +224,14 @@ pub struct FsCore {
     next_fh: std::sync::atomic::AtomicU64,
     /// Files being written, by inode.
     writers: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<Staged>>>>,
+    /// Staged copies whose last handle is gone and whose release is publishing them. No new
+    /// open joins one (it starts a copy of its own), but an unlink, or a rename onto or of the
+    /// name, still reaches it.
+    closing: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<Staged>>>>,
+    /// The newest staged copy of each file being written or published, by its id: an older
+    /// copy whose release comes after a truncating open started the file again is not
+    /// uploaded, since that open emptied it, as it would on a local disk.
+    newest: Mutex<HashMap<u64, u64>>,
     /// Entries that exist here but not (yet) in the store: files being written, new directories.
     pending: Mutex<HashMap<String, Node>>,
     next_stage: std::sync::atomic::AtomicU64,
@@ -318,6 +326,8 @@ impl FsCore {
             handles: Mutex::new(HashMap::new()),
             next_fh: std::sync::atomic::AtomicU64::new(1),
             writers: Mutex::new(HashMap::new()),
+            closing: Mutex::new(HashMap::new()),
+            newest: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
             next_stage: std::sync::atomic::AtomicU64::new(next_stage),
             demand: Arc::new(tokio::sync::Semaphore::new(chunks - chunks / 2)),
@@ -504,7 +514,16 @@ impl FsCore {
     /// The inodes of files being written here, whose nodes this mount knows better than the
     /// store.
     fn writing(&self) -> HashSet<u64> {
-        self.writers.lock().unwrap_or_else(|p| p.into_inner()).keys().copied().collect()
+        let mut w: HashSet<u64> = self.writers.lock().unwrap_or_else(|p| p.into_inner()).keys().copied().collect();
+        w.extend(self.closing.lock().unwrap_or_else(|p| p.into_inner()).keys());
+        w
+    }
+
+    /// The staged copy of a file, whether handles still write it or its release is publishing
+    /// it: what a rename must wait for and carry along.
+    pub(crate) fn staged_of(&self, ino: u64) -> Option<Arc<tokio::sync::Mutex<Staged>>> {
+        let writer = self.writers.lock().unwrap_or_else(|p| p.into_inner()).get(&ino).cloned();
+        writer.or_else(|| self.closing.lock().unwrap_or_else(|p| p.into_inner()).get(&ino).cloned())
     }
 
     /// The entries of a directory if a listing younger than the TTL has them.
@@ -641,16 +660,28 @@ impl FsCore {
             // Devices and fifos are opened by the kernel itself; a symlink is followed first.
             _ => return Err(FsError::NotSupported("only regular files open through the mount")),
         }
-        let existing = self.writers.lock().unwrap_or_else(|p| p.into_inner()).get(&ino).cloned();
-        let (staged, in_place) = match (write, existing) {
-            (_, Some(s)) => (Some(s), false),
-            (false, None) => (None, false),
+        // The writer is looked up, made if needed, and the handle counted under one lock:
+        // two opens at once must share one staged copy, and a release deciding that its
+        // handle was the last must not miss an open joining that copy.
+        let mut writers = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+        let (staged, in_place, started) = match (write, writers.get(&ino).cloned()) {
+            (_, Some(s)) => (Some(s), false, false),
+            (false, None) => (None, false, false),
             // An empty object has nothing to preserve, so writing it is a whole rewrite too; this
             // keeps create-close-reopen tools (fio, `touch` then write) working.
-            (true, None) if truncate || i.node.size == 0 => (Some(self.start_staging(ino, &i.path)?), false),
-            (true, None) => (None, true),
+            (true, None) if truncate || i.node.size == 0 => {
+                let s = self.new_staged(ino, &i.path)?;
+                writers.insert(ino, s.clone());
+                (Some(s), false, true)
+            }
+            (true, None) => (None, true, false),
         };
-        Ok(self.new_handle(ino, i.path, i.node, staged, in_place))
+        let fh = self.new_handle(ino, i.path.clone(), i.node, staged, in_place);
+        drop(writers);
+        if started {
+            self.note_staging(ino, &i.path);
+        }
+        Ok(fh)
     }
 
     /// An `O_TRUNC` open of a file that is still being written (or whose last handle is not
@@ -728,20 +759,28 @@ impl FsCore {
         self.handles.lock().unwrap_or_else(|p| p.into_inner()).get(&fh).cloned().ok_or(FsError::BadHandle)
     }
 
-    fn start_staging(&self, ino: u64, path: &str) -> Result<Arc<tokio::sync::Mutex<Staged>>, FsError> {
+    fn new_staged(&self, ino: u64, path: &str) -> Result<Arc<tokio::sync::Mutex<Staged>>, FsError> {
         let dir = self.opts.staging_dir.as_ref().ok_or(FsError::NotSupported("this mount is read-only"))?;
         let id = self.next_stage.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let staged = Staged::create(dir, id, path, self.ns.streaming().map(|s| s.part))
             .map_err(|source| FsError::Stage { path: path.to_string(), source })?;
-        let staged = Arc::new(tokio::sync::Mutex::new(staged));
-        self.writers.lock().unwrap_or_else(|p| p.into_inner()).insert(ino, staged.clone());
+        self.newest.lock().unwrap_or_else(|p| p.into_inner()).insert(ino, id);
+        Ok(Arc::new(tokio::sync::Mutex::new(staged)))
+    }
+
+    /// Whether a newer staged copy of `ino` than `id` has started.
+    fn superseded(&self, ino: u64, id: u64) -> bool {
+        self.newest.lock().unwrap_or_else(|p| p.into_inner()).get(&ino).is_some_and(|n| *n != id)
+    }
+
+    /// Shows a file whose new content has started as an empty file not yet in the store.
+    fn note_staging(&self, ino: u64, path: &str) {
         let name = path.rsplit('/').next().unwrap_or(path).to_string();
         let node =
             Node { name, kind: NodeKind::File, size: 0, version: String::new(), mtime: SystemTime::now(), posix: None };
         self.keeper.note_write(path, &node);
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(path.to_string(), node.clone());
         self.set_node(ino, path, node);
-        Ok(staged)
     }
 
     fn set_node(&self, ino: u64, path: &str, node: Node) {
@@ -779,10 +818,15 @@ impl FsCore {
             posix: None,
         };
         let ino = self.changing(&[&path]).assign(&path, node.clone());
-        let staged = self.start_staging(ino, &path)?;
+        let staged = self.new_staged(ino, &path)?;
+        let fh = {
+            let mut writers = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+            writers.insert(ino, staged.clone());
+            self.new_handle(ino, path.clone(), node.clone(), Some(staged), false)
+        };
+        self.note_staging(ino, &path);
         self.forget_listing(parent);
         self.forget_name(parent, name);
-        let fh = self.new_handle(ino, path, node.clone(), Some(staged), false);
         Ok((Self::attr(ino, &node), fh))
     }
 
@@ -841,9 +885,22 @@ impl FsCore {
     }
 
     async fn publish(&self, ino: u64, staged: &tokio::sync::Mutex<Staged>) -> Result<(), FsError> {
+        // An older copy of this file may be going up from its release: this content, which
+        // replaced it, must land after it, never under it.
+        let older = self.closing.lock().unwrap_or_else(|p| p.into_inner()).get(&ino).cloned();
+        if let Some(older) = older.filter(|o| !std::ptr::eq(Arc::as_ptr(o), staged)) {
+            drop(older.lock().await);
+        }
         let mut s = staged.lock().await;
         // Unlinked while open: its content has no name to go up under.
         if !s.dirty || s.discarded {
+            return Ok(());
+        }
+        if self.superseded(ino, s.id) {
+            // A truncating open started the file again after this copy's last handle went;
+            // what this copy held is what that open emptied.
+            s.dirty = false;
+            tracing::debug!(path = %s.target, "not uploaded: the file was opened with O_TRUNC since");
             return Ok(());
         }
         let path = s.target.clone();
@@ -921,26 +978,56 @@ impl FsCore {
         if self.release_reader(fh, false) {
             return Ok(());
         }
-        let Some(h) = self.handles.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh) else { return Ok(()) };
-        let Some(staged) = &h.staged else { return Ok(()) };
-        let still_open = self
-            .handles
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .any(|o| o.ino == h.ino && o.staged.is_some());
-        if still_open {
-            return Ok(());
+        // Decided under the writers' lock, which every open that joins a staged copy holds:
+        // once this is the copy's last handle, the copy leaves `writers` for `closing`, and an
+        // open from now on starts a copy of its own instead of writing into one being
+        // published and then dropped.
+        let (h, staged) = {
+            let mut writers = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+            let mut handles = self.handles.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(h) = handles.remove(&fh) else { return Ok(()) };
+            let Some(staged) = h.staged.clone() else { return Ok(()) };
+            if handles.values().any(|o| o.staged.as_ref().is_some_and(|s| Arc::ptr_eq(s, &staged))) {
+                return Ok(());
+            }
+            drop(handles);
+            if writers.get(&h.ino).is_some_and(|w| Arc::ptr_eq(w, &staged)) {
+                writers.remove(&h.ino);
+            }
+            self.closing.lock().unwrap_or_else(|p| p.into_inner()).insert(h.ino, staged.clone());
+            (h, staged)
+        };
+        let id = staged.lock().await.id;
+        let released = self.release_last(&h, &staged).await;
+        let mut closing = self.closing.lock().unwrap_or_else(|p| p.into_inner());
+        if closing.get(&h.ino).is_some_and(|c| Arc::ptr_eq(c, &staged)) {
+            closing.remove(&h.ino);
         }
+        drop(closing);
+        let mut newest = self.newest.lock().unwrap_or_else(|p| p.into_inner());
+        if newest.get(&h.ino) == Some(&id) {
+            newest.remove(&h.ino);
+        }
+        released
+    }
+
+    /// The release of a staged copy's last handle: publish it if a flush did not, then keep
+    /// its bytes as the cached copy of the new object.
+    async fn release_last(&self, h: &Handle, staged: &tokio::sync::Mutex<Staged>) -> Result<(), FsError> {
         {
             let mut s = staged.lock().await;
             if let Some(code) = s.write_error.filter(|_| s.dirty) {
                 // Known to be incomplete, and likely filling a disk that is full: dropped. The
                 // name then shows what the store holds, the object as it was or nothing.
                 let (why, path) = (std::io::Error::from_raw_os_error(code), s.target.clone());
+                let superseded = self.superseded(h.ino, s.id);
                 s.discard();
                 drop(s);
-                self.writers.lock().unwrap_or_else(|p| p.into_inner()).remove(&h.ino);
+                if superseded {
+                    // The name is a newer writer's now; its state is left as that writer has it.
+                    tracing::warn!(path = %path, error = %why, "not uploaded: a write to it failed; its staged bytes are dropped");
+                    return Ok(());
+                }
                 self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&path);
                 // Counted before the caches are forgotten: a listing that took the pending
                 // file must not be cached after the forgetting.
@@ -961,11 +1048,9 @@ impl FsCore {
             }
         }
         if let Some(kept) = self.keep_failed(staged).await {
-            self.writers.lock().unwrap_or_else(|p| p.into_inner()).remove(&h.ino);
             return kept;
         }
         let published = self.publish(h.ino, staged).await;
-        self.writers.lock().unwrap_or_else(|p| p.into_inner()).remove(&h.ino);
         if published.is_ok() {
             // It is in the store: a restart must not upload it again, under what may by then
             // be a stale name.
@@ -1068,18 +1153,23 @@ impl FsCore {
             return Err(FsError::IsDir);
         }
         let path = self.inode(attr.ino)?.path;
-        let was_pending = self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&path).is_some();
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&path);
         let writer = self.writers.lock().unwrap_or_else(|p| p.into_inner()).remove(&attr.ino);
-        if let Some(s) = writer {
+        // A copy still going up from its release too: waited for, then dropped, so the delete
+        // below comes after its upload and nothing is left under the name.
+        let closing = self.closing.lock().unwrap_or_else(|p| p.into_inner()).remove(&attr.ino);
+        for s in writer.into_iter().chain(closing) {
             s.lock().await.discard();
         }
-        if !was_pending || self.inode(attr.ino).is_ok_and(|i| !i.node.version.is_empty()) {
-            self.ns.remove(&path).await.map_err(|source| FsError::Namespace {
-                what: "deleting",
-                path: path.clone(),
-                source,
-            })?;
-        }
+        // Always asked of the store, even for a file being written that was never uploaded:
+        // an `O_TRUNC` rewrite of an object looks just like a new file until its close, and
+        // skipping the delete would bring the old object back at the next lookup. A key the
+        // store never had is a delete of nothing.
+        self.ns.remove(&path).await.map_err(|source| FsError::Namespace {
+            what: "deleting",
+            path: path.clone(),
+            source,
+        })?;
         self.published.lock().unwrap_or_else(|p| p.into_inner()).remove(&attr.ino);
         let mut t = self.changing(&[&path]);
         t.by_path.remove(&path);
@@ -1153,7 +1243,7 @@ impl FsCore {
         if replaced.as_ref().is_some_and(|e| e.kind == NodeKind::Dir) {
             return Err(FsError::IsDir);
         }
-        let writer = self.writers.lock().unwrap_or_else(|p| p.into_inner()).get(&src.ino).cloned();
+        let writer = self.staged_of(src.ino);
         // Held to the end of the rename: a flush of this file waits, rather than uploading under
         // the old name between the copy and the delete, and a flush that was running has set
         // the node it made before the file is read below.
@@ -1215,7 +1305,8 @@ impl FsCore {
         // an unlink: its writer's close must not upload over the file renamed into its place.
         if let Some(old) = replaced.filter(|r| r.ino != src.ino) {
             let displaced = self.writers.lock().unwrap_or_else(|p| p.into_inner()).remove(&old.ino);
-            if let Some(w) = displaced {
+            let closing = self.closing.lock().unwrap_or_else(|p| p.into_inner()).remove(&old.ino);
+            for w in displaced.into_iter().chain(closing) {
                 w.lock().await.discard();
             }
             self.published.lock().unwrap_or_else(|p| p.into_inner()).remove(&old.ino);

@@ -626,9 +626,13 @@ impl ObjectSource {
         }
     }
 
+    /// Deletes `path`. An object already gone counts as deleted, as S3 itself answers.
     pub async fn delete(&self, path: &str) -> Result<(), SourceError> {
         let loc = self.location(path);
-        self.bounded("DELETE", path, self.store.delete(&loc)).await
+        match self.bounded("DELETE", path, self.store.delete(&loc)).await {
+            Err(e) if e.is_not_found() => Ok(()),
+            done => done,
+        }
     }
 
     /// Deletes `paths`, in batches of 1,000, which S3 stores delete in one request each

@@ -90,10 +90,8 @@ impl FsCore {
         };
         let _renaming: Vec<Renaming<'_>> =
             inside.iter().map(|(_, ino)| Renaming::start(&self.renaming, *ino)).collect();
-        let mut writers: Vec<(u64, std::sync::Arc<tokio::sync::Mutex<crate::staging::Staged>>)> = {
-            let w = self.writers.lock().unwrap_or_else(|p| p.into_inner());
-            inside.iter().filter_map(|(_, ino)| w.get(ino).map(|s| (*ino, s.clone()))).collect()
-        };
+        let mut writers: Vec<(u64, std::sync::Arc<tokio::sync::Mutex<crate::staging::Staged>>)> =
+            inside.iter().filter_map(|(_, ino)| self.staged_of(*ino).map(|s| (*ino, s))).collect();
         writers.sort_by_key(|(ino, _)| *ino);
         let mut held = Vec::with_capacity(writers.len());
         for (_, s) in &writers {

@@ -77,7 +77,7 @@ impl Namespace for Holding {
         staged: &std::path::Path,
         note: UploadNote,
     ) -> BoxFuture<'static, Result<Node, NsError>> {
-        self.inner.publish(path, staged, note)
+        self.held(path, self.inner.publish(path, staged, note))
     }
     fn streaming(&self) -> Option<Streaming> {
         self.inner.streaming()
@@ -245,4 +245,45 @@ async fn a_change_in_another_directory_does_not_make_a_listing_start_over() {
     fs.readdir(e).await.unwrap();
     let listed = store.listed.lock().unwrap().clone();
     assert_eq!(listed.iter().filter(|d| *d == "d/e").count(), 1, "{listed:?}");
+}
+
+/// The release of a file's last handle is uploading what it wrote when a truncating open starts
+/// the file again: the open gets a copy of its own, not the one going up and then dropped, and
+/// its content lands after the release's, never under it.
+#[tokio::test]
+async fn a_truncating_open_during_a_release_writes_a_copy_of_its_own_that_lands_last() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fs, store) = holding(dir.path(), None);
+    let (a, first) = fs.create(ROOT, "latest").await.unwrap();
+    // Written by a process that is not the opener, so the close's flush left it to the release.
+    fs.write(first, 0, b"step 100, from the release").await.unwrap();
+    let (asked, go) = store.hold("latest");
+    let releasing = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.release(first).await }
+    });
+    answered(asked).await;
+
+    // What the FUSE layer does for `open(O_TRUNC)`.
+    if fs.staging(a.ino) {
+        tokio::time::timeout(Duration::from_secs(2), fs.truncate_staged(a.ino))
+            .await
+            .expect("an O_TRUNC open waited on the copy being released")
+            .unwrap();
+    }
+    let second = fs.open(a.ino, true, true).unwrap();
+    fs.write(second, 0, b"step 200").await.unwrap();
+    let flushing = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.flush(second).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    go.send(()).unwrap();
+    flushing.await.unwrap().unwrap();
+    fs.release(second).await.unwrap();
+    releasing.await.unwrap().unwrap();
+
+    assert_eq!(super::tests_support::cold(dir.path(), "latest").unwrap(), b"step 200");
+    assert_eq!(read_all(&fs, a.ino).await, b"step 200");
+    assert!(std::fs::read_dir(dir.path().join("staging")).unwrap().next().is_none(), "nothing left staged");
 }

@@ -184,3 +184,60 @@ async fn a_rename_never_moves_cached_bytes_onto_a_version_it_did_not_cache() {
     assert_eq!(fs.read(fh, 0, 100).await.unwrap(), &b"new content, v2"[..], "the cached old bytes were moved over");
     fs.release(fh).await.unwrap();
 }
+
+/// `open(O_TRUNC)` of a file that is an object in the store, then `unlink` before any flush:
+/// the object goes. The rewrite looks like a new file until its close, but the name had an
+/// object behind it.
+#[tokio::test]
+async fn an_unlink_of_a_file_being_rewritten_deletes_its_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = setup(dir.path());
+    std::fs::write(dir.path().join("cold/old.pt"), b"the old object").unwrap();
+    let a = fs.lookup(ROOT, "old.pt").await.unwrap();
+    let fh = fs.open(a.ino, true, true).unwrap();
+    fs.unlink(ROOT, "old.pt").await.unwrap();
+    assert!(cold(dir.path(), "old.pt").is_none(), "the old object is still in the store");
+    fs.release(fh).await.unwrap();
+    assert!(matches!(fs.lookup(ROOT, "old.pt").await, Err(FsError::NotFound)));
+}
+
+/// Two `open(O_TRUNC)`s of one file at once, on two threads as the kernel sends them: they
+/// share one staged copy, so when both are closed nothing is left staged for a restart to
+/// upload over the file. A hundred files, to meet the moment both opens look at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncating_opens_at_once_share_one_staged_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(setup(dir.path()));
+    let mut opened = Vec::new();
+    for round in 0..100 {
+        let name = format!("f{round}");
+        std::fs::write(dir.path().join("cold").join(&name), b"old").unwrap();
+        let ino = fs.lookup(ROOT, &name).await.unwrap().ino;
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let opens: Vec<_> = (0..2)
+            .map(|_| {
+                let (fs, barrier) = (fs.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    fs.open(ino, true, true).unwrap()
+                })
+            })
+            .collect();
+        let fhs: Vec<u64> = opens.into_iter().map(|t| t.join().unwrap()).collect();
+        fs.write(fhs[0], 0, b"new").await.unwrap();
+        for fh in &fhs {
+            fs.flush(*fh).await.unwrap();
+        }
+        opened.push((name, fhs));
+    }
+    // Released together: each release waits a moment for a rename before caching the file.
+    let releases = opened.iter().flat_map(|(_, fhs)| fhs.iter().map(|fh| fs.release(*fh)));
+    for r in futures::future::join_all(releases).await {
+        r.unwrap();
+    }
+    for (name, _) in &opened {
+        assert_eq!(cold(dir.path(), name).unwrap(), b"new", "{name}");
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("staging")).unwrap().collect();
+    assert!(left.is_empty(), "left in staging: {left:?}");
+}
