@@ -935,6 +935,7 @@ impl FsCore {
             }
         };
         s.dirty = false;
+        s.mark_published();
         // Whatever stopped an upload while writing applied to that content; later writes may
         // stream again.
         s.streamable = true;
@@ -1023,31 +1024,23 @@ impl FsCore {
                 let superseded = self.superseded(h.ino, s.id);
                 s.discard();
                 drop(s);
-                if superseded {
-                    // The name is a newer writer's now; its state is left as that writer has it.
-                    tracing::warn!(path = %path, error = %why, "not uploaded: a write to it failed; its staged bytes are dropped");
-                    return Ok(());
-                }
-                self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&path);
-                // Counted before the caches are forgotten: a listing that took the pending
-                // file must not be cached after the forgetting.
-                drop(self.changing(&[&path]));
-                if let Some(parent) = self.parent_of(&path) {
-                    self.forget_listing(parent);
-                    self.forget_name(parent, path.rsplit('/').next().unwrap_or(&path));
-                }
-                match self.ns.stat(&path).await {
-                    Ok(Some(node)) => self.set_node(h.ino, &path, node),
-                    // Gone from the store too (or not known now): the next lookup asks again.
-                    _ => {
-                        self.changing(&[&path]).by_path.remove(&path);
-                    }
+                if !superseded {
+                    self.show_the_stores_version(h.ino, &path).await;
                 }
                 tracing::warn!(path = %path, error = %why, "not uploaded: a write to it failed; its staged bytes are dropped");
                 return Ok(());
             }
         }
         if let Some(kept) = self.keep_failed(staged).await {
+            // The writer was told; the name shows what the store holds (the object as it was,
+            // or nothing), not a file without a version that no read could fetch.
+            let (path, id) = {
+                let s = staged.lock().await;
+                (s.target.clone(), s.id)
+            };
+            if kept.is_ok() && !self.superseded(h.ino, id) {
+                self.show_the_stores_version(h.ino, &path).await;
+            }
             return kept;
         }
         let published = self.publish(h.ino, staged).await;
@@ -1069,6 +1062,26 @@ impl FsCore {
             s.discard();
         }
         published
+    }
+
+    /// Shows a name as the store has it, once this mount's content for it is not going up:
+    /// the object as it was before, or nothing.
+    async fn show_the_stores_version(&self, ino: u64, path: &str) {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(path);
+        // Counted before the caches are forgotten: a listing that took the pending file must
+        // not be cached after the forgetting.
+        drop(self.changing(&[path]));
+        if let Some(parent) = self.parent_of(path) {
+            self.forget_listing(parent);
+            self.forget_name(parent, path.rsplit('/').next().unwrap_or(path));
+        }
+        match self.ns.stat(path).await {
+            Ok(Some(node)) => self.set_node(ino, path, node),
+            // Gone from the store too (or not known now): the next lookup asks again.
+            _ => {
+                self.changing(&[path]).by_path.remove(path);
+            }
+        }
     }
 
     /// A file whose last upload failed, with the writer told so by fsync or close, is not
@@ -1258,10 +1271,14 @@ impl FsCore {
             Some(s) if unpublished => {
                 // Not uploaded yet: the upload simply goes to the new name. An older object under
                 // the old name (a rewrite in progress) goes away with the name.
+                // The old name's object first (a key never there is a delete of nothing): if it
+                // cannot go, the rename fails whole, and the name keeps its file and its object.
+                self.ns.remove(&from.path).await.map_err(|source| FsError::Namespace {
+                    what: "deleting",
+                    path: from.path.clone(),
+                    source,
+                })?;
                 s.retarget(&to).map_err(|source| FsError::Stage { path: to.clone(), source })?;
-                if let Err(e) = self.ns.remove(&from.path).await {
-                    tracing::debug!(path = %from.path, error = %e, "nothing to remove under the old name");
-                }
                 let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
                 let mut n = pending.remove(&from.path).unwrap_or(from.node.clone());
                 n.name = new_name.to_string();
@@ -1772,6 +1789,22 @@ mod write_tests {
         assert!(cold(dir.path(), "d/e/ckpt").is_none(), "a restart uploaded it");
         assert_eq!(report.len(), 1, "{report:?}");
         assert!(report[0].contains("d/e/ckpt") && report[0].contains("writer was told"), "{report:?}");
+        assert!(matches!(fs.lookup(e.ino, "ckpt").await, Err(FsError::NotFound)), "the name shows what the store has");
+
+        // A rewrite whose upload failed: once closed, the name reads as the object it was.
+        std::fs::write(dir.path().join("cold/d/e/kept"), b"the object as it was").unwrap();
+        let kept = fs.lookup(e.ino, "kept").await.unwrap();
+        let fh = fs.open(kept.ino, true, true).unwrap();
+        fs.write(fh, 0, b"new").await.unwrap();
+        block();
+        assert!(fs.flush(fh).await.is_err());
+        unblock();
+        fs.release(fh).await.unwrap();
+        let now = fs.lookup(e.ino, "kept").await.unwrap();
+        assert_eq!(now.size, 20);
+        let rfh = fs.open(now.ino, false, false).unwrap();
+        assert_eq!(fs.read(rfh, 0, 100).await.unwrap(), &b"the object as it was"[..]);
+        fs.release(rfh).await.unwrap();
 
         // A write after the failure is new content: the next close uploads it as usual.
         let (_, fh) = fs.create(e.ino, "again").await.unwrap();
@@ -1803,6 +1836,28 @@ mod write_tests {
         assert!(report[0].contains("d/e/ckpt") && report[0].contains("incomplete"), "{report:?}");
     }
 
+    /// A checkpoint fsynced and still open (a data-loader worker holds the descriptor) is
+    /// deleted by a retention job; the mount then crashes. The restart must not bring the
+    /// deleted checkpoint back from its staged copy.
+    #[tokio::test]
+    async fn a_restart_does_not_upload_again_what_a_flush_published() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = setup(dir.path());
+        let e = dir_e(&fs).await;
+        let (_, fh) = fs.create(e.ino, "ckpt").await.unwrap();
+        fs.write(fh, 0, b"step 100").await.unwrap();
+        fs.flush(fh).await.unwrap();
+        std::fs::remove_file(dir.path().join("cold/d/e/ckpt")).unwrap();
+        let report = fs.recover_staged(true).await;
+        assert!(cold(dir.path(), "d/e/ckpt").is_none(), "a restart brought back a deleted checkpoint");
+        assert!(report.is_empty(), "{report:?}");
+        // New content after that is still known for what it is.
+        fs.write(fh, 8, b", half").await.unwrap();
+        let report = fs.recover_staged(true).await;
+        assert!(cold(dir.path(), "d/e/ckpt").is_none());
+        assert!(report.len() == 1 && report[0].contains("incomplete"), "{report:?}");
+    }
+
     fn pattern(n: usize) -> Vec<u8> {
         (0..n as u32).map(|i| (i.wrapping_mul(7) % 253) as u8).collect()
     }
@@ -1828,8 +1883,7 @@ mod write_tests {
         fs.flush(fh).await.unwrap();
         assert_eq!(cold(dir.path(), "d/stream.bin").unwrap(), data);
         let left = staging::leftovers(&dir.path().join("staging"));
-        let crc = strata_tiering::chunkfile::crc32c(&data);
-        assert_eq!(left[0].manifest.content, Some((50_000, crc)), "the manifest records what was sent");
+        assert!(left.is_empty(), "in the store, yet left for a restart to upload: {left:?}");
         fs.release(fh).await.unwrap();
         let rfh = fs.open(a.ino, false, false).unwrap();
         assert_eq!(fs.read(rfh, 0, 60_000).await.unwrap(), &data[..]);

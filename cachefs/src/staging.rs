@@ -287,7 +287,12 @@ impl Staged {
     /// direct mode: the content no longer grows front to back, or is being finished.
     fn settle(&mut self) -> io::Result<()> {
         if let Some(d) = self.direct.take() {
-            self.file.write_all_at(d.held(), d.base)?;
+            if let Err(e) = self.file.write_all_at(d.held(), d.base) {
+                // The buffer is gone with the error: the content now has a hole, which every
+                // later flush, fsync and close must report rather than upload.
+                self.write_error = Some(e.raw_os_error().unwrap_or(nix::libc::EIO));
+                return Err(e);
+            }
             if !d.held().is_empty() {
                 d.unreserve(d.base + d.held().len() as u64);
             }
@@ -429,6 +434,14 @@ impl Staged {
 
     /// Drops the manifest of content already in the store; the data stays until discarded, and
     /// a restart removes it as an orphan.
+    /// The content is in the store: a restart must not upload it again, perhaps over what
+    /// another client wrote since, while a handle keeps the copy open. The manifest goes; the
+    /// next change records one again (as after a seal), so new content is still reported.
+    pub fn mark_published(&mut self) {
+        let _ = std::fs::remove_file(&self.manifest);
+        self.sealed = true;
+    }
+
     pub fn forget_manifest(&mut self) {
         let _ = std::fs::remove_file(&self.manifest);
         self.sealed = false;
