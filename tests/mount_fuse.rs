@@ -882,6 +882,32 @@ fn fuse_root_fsync_over_a_local_store_leaves_the_object_on_disk() {
     m.stop();
 }
 
+/// A temporary file: created, unlinked, then used through its descriptor, as `tmpfile()` and
+/// many tools do. The kernel asks for its attributes again after writes and before reads past
+/// the size it knew; those must not fail because the name is gone.
+#[test]
+#[ignore = "needs root and /dev/fuse: run by .ci/run"]
+fn fuse_root_an_unlinked_file_is_still_whole_through_its_descriptor() {
+    use std::io::Write;
+    let src = tempfile::tempdir().unwrap();
+    let mut m = Mount::start(src.path().to_str().unwrap(), &[]);
+    let mut f =
+        std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(m.path("scratch")).unwrap();
+    f.write_all(b"before the unlink, ").unwrap();
+    std::fs::remove_file(m.path("scratch")).unwrap();
+    assert!(!m.path("scratch").exists());
+    f.write_all(b"and after it").unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 31, "fstat of the open file");
+    assert_eq!(f.seek(SeekFrom::End(0)).unwrap(), 31);
+    f.seek(SeekFrom::Start(0)).unwrap();
+    let mut back = String::new();
+    f.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "before the unlink, and after it");
+    drop(f);
+    assert!(std::fs::read_dir(src.path()).unwrap().next().is_none(), "nothing went to the store");
+    m.stop();
+}
+
 /// A process forked while a checkpoint is being written closes its copy of the descriptor at
 /// its exec or its exit, and the kernel sends each close as a flush. Those flushes must not
 /// publish the half-written file: only the writer's own close does.

@@ -755,6 +755,25 @@ impl FsCore {
         }
     }
 
+    fn has_handles(&self, ino: u64) -> bool {
+        self.handles.lock().unwrap_or_else(|p| p.into_inner()).values().any(|h| h.ino == ino)
+    }
+
+    /// Drops the inode of a file unlinked or renamed over while open, once its last handle
+    /// is gone. A file that still has its name is left as it is, without a look at the handles.
+    fn prune_if_nameless(&self, ino: u64) {
+        let nameless = {
+            let t = self.inodes.read().unwrap_or_else(|p| p.into_inner());
+            t.by_ino.get(&ino).is_some_and(|i| t.by_path.get(&i.path) != Some(&ino))
+        };
+        if nameless && !self.has_handles(ino) {
+            let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+            if t.by_ino.get(&ino).is_some_and(|i| t.by_path.get(&i.path) != Some(&ino)) {
+                t.by_ino.remove(&ino);
+            }
+        }
+    }
+
     fn handle(&self, fh: u64) -> Result<Arc<Handle>, FsError> {
         self.handles.lock().unwrap_or_else(|p| p.into_inner()).get(&fh).cloned().ok_or(FsError::BadHandle)
     }
@@ -967,8 +986,11 @@ impl FsCore {
         // A reader done with a file may have pulled all of it into the hot tier. Waking the
         // assembler only to find the copy there would cost a thread hop per file in every
         // epoch after the first.
-        if let Some(h) = h.filter(|h| !h.in_place && !from_copy) {
-            self.keeper.request_whole(&h.path, &h.node);
+        if let Some(h) = h {
+            self.prune_if_nameless(h.ino);
+            if !h.in_place && !from_copy {
+                self.keeper.request_whole(&h.path, &h.node);
+            }
         }
         true
     }
@@ -1009,6 +1031,8 @@ impl FsCore {
         if newest.get(&h.ino) == Some(&id) {
             newest.remove(&h.ino);
         }
+        drop(newest);
+        self.prune_if_nameless(h.ino);
         released
     }
 
@@ -1184,9 +1208,14 @@ impl FsCore {
             source,
         })?;
         self.published.lock().unwrap_or_else(|p| p.into_inner()).remove(&attr.ino);
+        let open = self.has_handles(attr.ino);
         let mut t = self.changing(&[&path]);
         t.by_path.remove(&path);
-        t.by_ino.remove(&attr.ino);
+        // Open handles still ask for its attributes (`fstat`, and the kernel before reading
+        // past a size it no longer trusts): kept, nameless, until the last one goes.
+        if !open {
+            t.by_ino.remove(&attr.ino);
+        }
         drop(t);
         self.forget_listing(parent);
         self.forget_name(parent, name);
@@ -1307,11 +1336,13 @@ impl FsCore {
                 n
             }
         };
+        let displaced_open = replaced.as_ref().is_some_and(|r| r.ino != src.ino && self.has_handles(r.ino));
         {
             let mut t = self.changing(&[&from.path, &to]);
             t.by_path.remove(&from.path);
             if let Some(old) = t.by_path.insert(to.clone(), src.ino)
                 && old != src.ino
+                && !displaced_open
             {
                 t.by_ino.remove(&old);
             }
