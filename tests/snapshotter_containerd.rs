@@ -461,7 +461,32 @@ fn after_a_restart_lazy_layers_mount_again_for_new_containers() {
     node.ctr(&["run", "--rm", "--snapshotter", "strata", &image, "before", "true"]);
     node.daemon.kill9();
     node.daemon.spawn();
+    // Containers starting together while the restarted daemon mounts its layers again in the
+    // background: each layer is mounted once, not once per caller.
+    node.containerd.wait_for_strata(Duration::from_secs(15));
+    std::thread::scope(|s| {
+        for n in 0..3 {
+            let (containerd, image) = (&node.containerd, &image);
+            s.spawn(move || {
+                let name = format!("together-{n}");
+                containerd.ctr(&["run", "--rm", "--snapshotter", "strata", image, &name, "true"])
+            });
+        }
+    });
     assert_eq!(motd_after_restart(&node, common::containerd::NAMESPACE, &image), "strata layer two\n");
+    let root = node.daemon.state().to_string_lossy().into_owned();
+    let points: Vec<String> = std::fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("strata:"))
+        .filter_map(|l| l.split(' ').nth(1).map(str::to_string))
+        .filter(|p| p.starts_with(&root))
+        .collect();
+    assert!(!points.is_empty(), "the lazy layers are mounted again");
+    let mut once = points.clone();
+    once.sort();
+    once.dedup();
+    assert_eq!(once.len(), points.len(), "a layer mounted twice: {points:?}");
 }
 
 /// `/etc/motd` of a new container of `image` (in containerd namespace `namespace`), once the

@@ -124,10 +124,28 @@ pub enum Prepared {
 #[derive(Debug)]
 struct Live {
     mount: Mounted,
+    /// The layer's prefetch and background fill: stopped with the mount, or it would go on
+    /// downloading a layer nothing reads any more.
+    filling: tokio::task::AbortHandle,
     snapshot: String,
     blob: Arc<Blob>,
     progress: Arc<Progress>,
     prefetch_bytes: Option<u64>,
+}
+
+/// A snapshot held against being mounted again (see [`Lazy::hold`]); its slot is forgotten
+/// when no one holds or waits for it.
+#[derive(Debug)]
+pub struct Held<'a> {
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    slots: &'a std::sync::Mutex<HashMap<u64, Arc<Mutex<()>>>>,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.guard.take();
+        self.slots.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, s| Arc::strong_count(s) > 1);
+    }
 }
 
 /// What mounting a layer started.
@@ -150,6 +168,10 @@ pub struct Lazy {
     cache: TieredCache,
     opts: RemoteOptions,
     mounts: Mutex<HashMap<u64, Live>>,
+    /// One mount, or unmount and remove, of a snapshot at a time: two Prepares (or a restart's
+    /// restore and a Prepare) mounting one layer at once would stack two mounts on its
+    /// directory.
+    slots: std::sync::Mutex<HashMap<u64, Arc<Mutex<()>>>>,
     refused: std::sync::Mutex<VecDeque<LayerReport>>,
     /// TOC reads of the layers containerd will ask for next, started while it asks for this
     /// one, by layer digest (in start order, for trimming).
@@ -176,6 +198,7 @@ impl Lazy {
             cache,
             opts,
             mounts: Mutex::new(HashMap::new()),
+            slots: Default::default(),
             refused: Default::default(),
             ahead: Default::default(),
             programs: Default::default(),
@@ -351,7 +374,17 @@ impl Lazy {
         let unpacked = match fetched {
             Ok(size) => {
                 let (path, dir) = (blob_path.clone(), dir.to_owned());
-                blocking(move || crate::unpack::apply_blob(&path, &dir)).await.map_err(|e| e.to_string()).map(|_| size)
+                blocking(move || {
+                    crate::unpack::apply_blob(&path, &dir).map_err(|e| e.to_string())?;
+                    // On disk before the snapshot is committed: after a power cut, a committed
+                    // layer with empty or short files would be answered AlreadyExists forever,
+                    // and its containers would run them.
+                    std::fs::File::open(&dir)
+                        .and_then(|d| nix::unistd::syncfs(&d).map_err(std::io::Error::from))
+                        .map_err(|e| format!("syncing the unpacked layer at {}: {e}", dir.display()))
+                })
+                .await
+                .map(|()| size)
             }
             Err(e) => Err(e.to_string()),
         };
@@ -500,9 +533,20 @@ impl Lazy {
             }
         };
         tracing::debug!(layer = %src.digest, ?toc_read, ?toc_verified, ?toc_checked, mounted = ?started.elapsed(), "layer mount steps");
-        let live =
-            Live { mount: mounted, snapshot: snapshot.to_owned(), blob, progress: progress.clone(), prefetch_bytes };
-        if let Some(old) = self.mounts.lock().await.insert(id, live) {
+        let live = Live {
+            mount: mounted,
+            filling: filling.abort_handle(),
+            snapshot: snapshot.to_owned(),
+            blob,
+            progress: progress.clone(),
+            prefetch_bytes,
+        };
+        let replaced = self.mounts.lock().await.insert(id, live);
+        if let Some(old) = replaced {
+            // Mounts of one snapshot are made one at a time, after a look for a live one, so
+            // this is a mount that had died.
+            tracing::warn!(id, "a lazy layer was mounted over an earlier mount of it");
+            old.filling.abort();
             let _ = blocking(move || old.mount.unmount()).await;
         }
         Ok(Started { prefetch_bytes, toc_read_ahead })
@@ -636,11 +680,22 @@ impl Lazy {
 
     /// Ends the mount of snapshot `id`, if it has one.
     pub async fn unmount(&self, id: u64) {
-        if let Some(m) = self.mounts.lock().await.remove(&id)
-            && let Err(e) = blocking(move || m.mount.unmount()).await
-        {
-            tracing::warn!(id, error = %e, "unmounting a lazy layer failed");
+        // Taken out first: the map stays free for every other layer while this one's unmount
+        // waits, up to its limit, for files still open on it.
+        let taken = self.mounts.lock().await.remove(&id);
+        if let Some(m) = taken {
+            m.filling.abort();
+            if let Err(e) = blocking(move || m.mount.unmount()).await {
+                tracing::warn!(id, error = %e, "unmounting a lazy layer failed");
+            }
         }
+    }
+
+    /// Holds snapshot `id` against being mounted again until the guard goes: for a Remove,
+    /// across its unmount and the removal itself.
+    pub async fn hold(&self, id: u64) -> Held<'_> {
+        let slot = self.slots.lock().unwrap_or_else(|p| p.into_inner()).entry(id).or_default().clone();
+        Held { guard: Some(slot.lock_owned().await), slots: &self.slots }
     }
 
     /// Makes sure every remote layer under `key` is mounted, mounting again any that is not
@@ -657,24 +712,36 @@ impl Lazy {
             let (inner, key) = (inner.clone(), key.to_owned());
             blocking(move || inner.chain(&key)).await
         };
-        for (at, (name, id, labels)) in chain.iter().enumerate() {
-            let (name, id) = (name.clone(), *id);
+        for (at, (_, id, labels)) in chain.iter().enumerate() {
+            let id = *id;
             if !labels.contains_key(REMOTE_LABEL) || self.alive(id).await {
                 continue;
             }
-            let unavailable = |reason: String| SnapshotError::LayerUnavailable { name: name.clone(), reason };
-            let src = source(labels).ok_or_else(|| unavailable("its labels no longer name its TOC".into()))?;
-            let src = src.map_err(unavailable)?;
-            let dir = {
-                let (inner, name) = (inner.clone(), name.clone());
-                blocking(move || inner.layer_dir(&name)).await?.1
-            };
-            let toc = src.toc_digest.clone().ok_or_else(|| unavailable("its labels no longer name its TOC".into()))?;
-            self.mount(id, &dir, &src, &toc, &name, Fresh::No).await.map_err(|e| unavailable(e.to_string()))?;
-            self.set_lower(id, chain_digests(&chain[at + 1..])).await;
-            tracing::info!(snapshot = %name, "remote layer mounted again");
+            let _held = self.hold(id).await;
+            // Another call may have mounted it, or a Remove removed it, while this one waited.
+            if !self.alive(id).await {
+                self.mount_again(inner, &chain, at).await?;
+            }
         }
         Ok(chain)
+    }
+
+    /// Mounts the remote layer `chain[at]` again (see [`Lazy::mount_chain`]).
+    async fn mount_again(&self, inner: &Arc<Snapshotter>, chain: &Chain, at: usize) -> Result<(), SnapshotError> {
+        let (name, id, labels) = &chain[at];
+        let (name, id) = (name.clone(), *id);
+        let unavailable = |reason: String| SnapshotError::LayerUnavailable { name: name.clone(), reason };
+        let src = source(labels).ok_or_else(|| unavailable("its labels no longer name its TOC".into()))?;
+        let src = src.map_err(unavailable)?;
+        let dir = {
+            let (inner, name) = (inner.clone(), name.clone());
+            blocking(move || inner.layer_dir(&name)).await?.1
+        };
+        let toc = src.toc_digest.clone().ok_or_else(|| unavailable("its labels no longer name its TOC".into()))?;
+        self.mount(id, &dir, &src, &toc, &name, Fresh::No).await.map_err(|e| unavailable(e.to_string()))?;
+        self.set_lower(id, chain_digests(&chain[at + 1..])).await;
+        tracing::info!(snapshot = %name, "remote layer mounted again");
+        Ok(())
     }
 
     /// With `prefetch_wait = "prepare"`, before a container starts on the snapshots `chain`

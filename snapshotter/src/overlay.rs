@@ -38,7 +38,11 @@ impl Snapshotter {
         let mut id_floor = 0;
         for entry in std::fs::read_dir(&snapshots).map_err(SnapshotError::io("cannot list", &snapshots))? {
             let entry = entry.map_err(SnapshotError::io("cannot list", &snapshots))?;
-            if let Some(id) = entry.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) {
+            // Leftovers of a create or a remove cut short (`new-N`, `rm-N`) count too: an id
+            // handed out again would find its `new-N` still there and fail that Prepare.
+            let name = entry.file_name();
+            let id = name.to_str().map(|n| n.strip_prefix("new-").or_else(|| n.strip_prefix("rm-")).unwrap_or(n));
+            if let Some(id) = id.and_then(|n| n.parse::<u64>().ok()) {
                 id_floor = id_floor.max(id + 1);
             }
         }
@@ -118,7 +122,12 @@ impl Snapshotter {
         let tmp = self.root.join("snapshots").join(format!("new-{id}"));
         let built = self.build_dirs(&tmp, kind, parent_record.as_ref());
         let placed = built.and_then(|()| {
-            std::fs::rename(&tmp, self.dir(id)).map_err(SnapshotError::io("cannot place snapshot", self.dir(id)))
+            std::fs::rename(&tmp, self.dir(id)).map_err(SnapshotError::io("cannot place snapshot", self.dir(id)))?;
+            // The new name is on disk before the metadata that points at it is.
+            let snapshots = self.root.join("snapshots");
+            std::fs::File::open(&snapshots)
+                .and_then(|d| d.sync_all())
+                .map_err(SnapshotError::io("cannot sync", &snapshots))
         });
         if let Err(e) = placed {
             let _ = std::fs::remove_dir_all(&tmp);

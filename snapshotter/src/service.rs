@@ -267,13 +267,17 @@ impl proto::snapshots_server::Snapshots for SnapshotService {
 
     async fn remove(&self, req: Request<proto::RemoveSnapshotRequest>) -> Result<Response<proto::Empty>, Status> {
         let key = req.into_inner().key;
+        let mut held = None;
         if let Some(lazy) = &self.lazy {
-            // A mounted layer's directory cannot go until its mount has.
+            // A mounted layer's directory cannot go until its mount has; and no call may
+            // mount it again between the unmount and the removal.
             let k = key.clone();
             let id = self.finish_step("remove", self.run("remove", &key, move |s| s.removable(&k)).await?)?;
+            held = Some(lazy.hold(id).await);
             lazy.unmount(id).await;
         }
         self.call("remove", &key.clone(), move |s| s.remove(&key)).await?;
+        drop(held);
         Ok(Response::new(proto::Empty {}))
     }
 

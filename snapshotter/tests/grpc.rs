@@ -253,6 +253,30 @@ async fn snapshots_survive_a_restart_and_cleanup_takes_only_orphans() {
     r.stop().await;
 }
 
+/// A crash while a snapshot's directory was built under its temporary name (`new-N`), or while
+/// a removed one waited to go (`rm-N`), leaves that name behind: the next Prepare after the
+/// restart must not be handed the same id and fail on it.
+#[tokio::test]
+async fn a_prepare_after_a_crash_mid_create_gets_an_id_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = start(dir.path()).await;
+    let mut c = r.client.clone();
+    prepare(&mut c, "first", "").await.unwrap();
+    r.stop().await;
+    for n in 1..10 {
+        for name in [format!("new-{n}"), format!("rm-{}", n + 10)] {
+            let left = dir.path().join("state/snapshots").join(name);
+            std::fs::create_dir_all(left.join("fs")).unwrap();
+            std::fs::create_dir_all(left.join("work")).unwrap();
+        }
+    }
+    let r = start(dir.path()).await;
+    let mut c = r.client.clone();
+    let m = prepare(&mut c, "second", "").await.expect("a Prepare after the crash");
+    assert!(Path::new(&m[0].source).is_dir(), "{m:?}");
+    r.stop().await;
+}
+
 /// A leftover directory that will not go (a mount still on it) is logged and left for the next
 /// Cleanup; the other leftovers go, and Cleanup answers OK, as containerd's does.
 #[tokio::test]
