@@ -50,6 +50,21 @@ fn cat_reads_the_object_named_even_with_uri_characters_in_its_key() {
 }
 
 #[test]
+fn warm_tier_commands_without_a_warm_tier_say_so() {
+    let cold = tempfile::tempdir().unwrap().keep();
+    std::fs::create_dir_all(cold.join("ds")).unwrap();
+    std::fs::write(cold.join("ds/a.bin"), data(5, 100_000)).unwrap();
+    let body = format!("[cold]\nkind = \"local\"\npath = \"{}\"\n", cold.display());
+    let d = Daemon::start(&body, "32MiB", "0");
+    for args in [&["warmup", "ds/", "--tier", "warm"][..], &["demote", "--idle", "0s"][..]] {
+        let out = d.tier(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("warm tier is not configured"), "{args:?}: {err}");
+    }
+    assert_eq!(tier(&d.status(), "hot")["chunks"], 0, "the refused warm-up cached nothing");
+}
+
+#[test]
 fn changed_object_is_never_served_mixed() {
     let (d, cold) = local_daemon();
     std::fs::create_dir_all(cold.join("m")).unwrap();

@@ -495,7 +495,14 @@ impl TieredCache {
 
     /// Demotes hot chunks idle for at least `idle` (the policy's `hot_idle` when `None`) to warm.
     pub async fn demote(&self, idle: Option<Duration>) -> Result<Moved, CacheError> {
+        // Asked for by name, a demotion with nowhere to go is an error, not "0 chunks".
+        self.core.tier(TierKind::Warm)?;
         self.blocking(move |core| demote_idle(core, idle)).await
+    }
+
+    /// Whether the cache has `tier`.
+    pub fn has_tier(&self, tier: TierKind) -> bool {
+        self.core.has(tier)
     }
 
     /// One pass of the policy: TTL expiry, idle demotion and eviction, pinned chunks brought to

@@ -90,7 +90,7 @@ impl Core {
         self.tiers[t.index()].as_ref().ok_or(CacheError::NoSuchTier(t))
     }
 
-    fn has(&self, t: TierKind) -> bool {
+    pub(crate) fn has(&self, t: TierKind) -> bool {
         self.tiers[t.index()].is_some()
     }
 

@@ -156,6 +156,9 @@ async fn warmup_start(State(s): State<AdminState>, Json(r): Json<WarmupRequest>)
     if r.parallel == 0 || r.parallel > 1024 {
         return Err(bad("parallel must be between 1 and 1024"));
     }
+    if !s.cache.has_tier(r.tier) {
+        return Err(CacheError::NoSuchTier(r.tier).into());
+    }
     let id = s.next_job.fetch_add(1, Ordering::Relaxed);
     let progress = Arc::new(Progress::default());
     {
