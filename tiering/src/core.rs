@@ -378,6 +378,9 @@ impl Core {
             }
         };
         let (file, key, generation, disk_len) = snapshot;
+        // A chunk file's mtime is when it was cached, which a restart reads back for TTLs
+        // ("counted from when it was cached"): the moved copy keeps it.
+        let cached_at = file.metadata().and_then(|m| m.modified()).ok();
         // Room first: a move that cannot happen should not cost a read of the chunk.
         let reservation = match self.reserve(to, disk_len) {
             Ok(r) => r,
@@ -407,6 +410,11 @@ impl Core {
                 return false;
             }
         };
+        if let Some(t) = cached_at
+            && let Err(err) = File::options().write(true).open(&tmp).and_then(|f| f.set_modified(t))
+        {
+            debug!(chunk = %key, error = %err, "the moved chunk's cache time was not kept");
+        }
         let mut ix = self.lock();
         let current = ix.entries.get(id).is_some_and(|e| e.generation == generation && e.tier == from);
         if !current {

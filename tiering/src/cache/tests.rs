@@ -367,6 +367,35 @@ async fn rules_apply_no_cache_and_ttl() {
     assert_eq!(f.calls.load(Ordering::SeqCst), 2);
 }
 
+/// A TTL counts from when a chunk was cached, across a demotion and a restart.
+#[tokio::test]
+async fn a_ttl_counts_from_the_caching_across_a_move_and_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = || Policy::from_toml("[[rule]]\nprefix = \"ckpt/\"\nttl = \"1h\"\n").unwrap();
+    let f = fetcher(CHUNK);
+    let k = key("ckpt/a", 0);
+    let path = |tier: &str| dir.path().join(tier).join("chunks").join(&k.id().to_hex()[..2]).join(k.id().to_hex());
+    {
+        let c = open(dir.path(), 1 << 20, Some(1 << 20), policy());
+        c.get(&k, f.clone(), W).await.unwrap();
+        c.flush().await.unwrap();
+    }
+    // Cached two hours ago, as far as the file says (the restart reads the time from it).
+    let two_hours_ago = std::time::SystemTime::now() - Duration::from_secs(7200);
+    std::fs::File::options().write(true).open(path("hot")).unwrap().set_modified(two_hours_ago).unwrap();
+    {
+        let c = open(dir.path(), 1 << 20, Some(1 << 20), Policy::default());
+        c.demote(Some(Duration::ZERO)).await.unwrap();
+        assert_eq!(c.location(&k), Some(TierKind::Warm));
+        c.flush().await.unwrap();
+    }
+    let c = open(dir.path(), 1 << 20, Some(1 << 20), policy());
+    assert!(path("warm").exists());
+    let pass = c.apply_policy().await.unwrap();
+    assert_eq!(pass.expired, 1, "{pass:?}");
+    assert_eq!(c.location(&k), None, "a chunk cached two hours ago outlived its 1h TTL");
+}
+
 #[tokio::test]
 async fn lfu_keeps_the_frequently_read() {
     let dir = tempfile::tempdir().unwrap();
