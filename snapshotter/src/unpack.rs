@@ -4,10 +4,11 @@
 //! kept. Nothing lands outside the directory: names with `..` or a leading `/` are refused,
 //! and no entry is created through a symlink or under a non-directory.
 
-use crate::estargz::toc::normalise_name;
 use nix::sys::stat::{Mode, SFlag, UtimensatFlags, makedev, mknod, utimensat};
 use nix::sys::time::TimeSpec;
+use std::ffi::OsStr;
 use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{PermissionsExt, lchown, symlink};
 use std::path::{Path, PathBuf};
 
@@ -26,8 +27,29 @@ pub enum UnpackError {
     },
 }
 
-const OPAQUE: &str = ".wh..wh..opq";
-const WHITEOUT: &str = ".wh.";
+const OPAQUE: &[u8] = b".wh..wh..opq";
+const WHITEOUT: &[u8] = b".wh.";
+
+/// A tar name's parts (its empty and `.` parts dropped), as bytes: names are bytes on Linux,
+/// and a layer built on a system that wrote Latin-1 names must unpack under those names, as
+/// containerd's applier leaves them, not under replacement characters.
+fn name_parts(name: &[u8]) -> Result<Vec<&[u8]>, &'static str> {
+    if name.contains(&0) {
+        return Err("contains a NUL byte");
+    }
+    if name.starts_with(b"/") {
+        return Err("is an absolute path");
+    }
+    let mut parts = Vec::new();
+    for part in name.split(|b| *b == b'/') {
+        match part {
+            b"" | b"." => {}
+            b".." => return Err("climbs out of the layer with `..`"),
+            p => parts.push(p),
+        }
+    }
+    Ok(parts)
+}
 
 /// Applies the tar read from `tar` to `root`, which must exist (and should be empty). Returns
 /// the number of entries applied.
@@ -37,14 +59,19 @@ pub fn apply(tar: impl Read, root: &Path) -> Result<u64, UnpackError> {
     let mut count = 0;
     for entry in archive.entries().map_err(UnpackError::Tar)? {
         let mut entry = entry.map_err(UnpackError::Tar)?;
-        let raw = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        let raw_bytes = entry.path_bytes().into_owned();
+        // For messages only; the names themselves stay bytes.
+        let raw = String::from_utf8_lossy(&raw_bytes).into_owned();
         let bad = |reason: &str| UnpackError::Entry { name: raw.clone(), reason: reason.to_owned() };
         let io = |what: &'static str| {
             let name = raw.clone();
             move |source| UnpackError::Io { name, what, source }
         };
-        let rel = normalise_name(&raw).map_err(|why| bad(&format!("its name {why}")))?;
-        let (parent, name) = rel.rsplit_once('/').unwrap_or(("", rel.as_str()));
+        let parts = name_parts(&raw_bytes).map_err(|why| bad(&format!("its name {why}")))?;
+        let (name, parent): (&[u8], &[&[u8]]) = match parts.split_last() {
+            Some((name, parent)) => (name, parent),
+            None => (b"", &[]),
+        };
         let parent_dir = real_dir(root, parent).map_err(|why| bad(&why))?;
         if name == OPAQUE {
             xattr::set(&parent_dir, "trusted.overlay.opaque", b"y").map_err(io("marking its directory opaque"))?;
@@ -56,10 +83,10 @@ pub fn apply(tar: impl Read, root: &Path) -> Result<u64, UnpackError> {
         let target = match hidden {
             // `.wh..` and `.wh...` would hide `.` and `..`: the directory itself, or the one
             // above it, outside the layer at the top.
-            Some(h) if !matches!(h, "" | "." | "..") => parent_dir.join(h),
+            Some(h) if !matches!(h, b"" | b"." | b"..") => parent_dir.join(OsStr::from_bytes(h)),
             Some(_) => return Err(bad("a whiteout without a name")),
-            None if rel.is_empty() => root.to_owned(),
-            None => parent_dir.join(name),
+            None if parts.is_empty() => root.to_owned(),
+            None => parent_dir.join(OsStr::from_bytes(name)),
         };
         // A later entry replaces an earlier one of the same name, as in any unpack; a
         // directory stays if the new entry is a directory too.
@@ -78,9 +105,8 @@ pub fn apply(tar: impl Read, root: &Path) -> Result<u64, UnpackError> {
         let mode = header.mode().map_err(UnpackError::Tar)? & 0o7777;
         let (uid, gid) = (header.uid().map_err(UnpackError::Tar)?, header.gid().map_err(UnpackError::Tar)?);
         let mtime = header.mtime().map_err(UnpackError::Tar)? as i64;
-        let link = || -> Result<String, UnpackError> {
-            let l = header.link_name_bytes().ok_or_else(|| bad("a link without a target"))?;
-            Ok(String::from_utf8_lossy(&l).into_owned())
+        let link = || -> Result<Vec<u8>, UnpackError> {
+            Ok(header.link_name_bytes().ok_or_else(|| bad("a link without a target"))?.into_owned())
         };
         match kind {
             tar::EntryType::Directory => {
@@ -96,11 +122,14 @@ pub fn apply(tar: impl Read, root: &Path) -> Result<u64, UnpackError> {
                     .map_err(io("creating the file"))?;
                 std::io::copy(&mut entry, &mut f).map_err(io("writing the file"))?;
             }
-            tar::EntryType::Symlink => symlink(link()?, &target).map_err(io("creating the symlink"))?,
+            tar::EntryType::Symlink => {
+                symlink(OsStr::from_bytes(&link()?), &target).map_err(io("creating the symlink"))?
+            }
             tar::EntryType::Link => {
-                let to = normalise_name(&link()?).map_err(|why| bad(&format!("its link target {why}")))?;
-                let (tp, tn) = to.rsplit_once('/').unwrap_or(("", to.as_str()));
-                let source = real_dir(root, tp).map_err(|why| bad(&why))?.join(tn);
+                let to = link()?;
+                let to = name_parts(&to).map_err(|why| bad(&format!("its link target {why}")))?;
+                let Some((tn, tp)) = to.split_last() else { return Err(bad("a hard link to the layer's root")) };
+                let source = real_dir(root, tp).map_err(|why| bad(&why))?.join(OsStr::from_bytes(tn));
                 let meta = std::fs::symlink_metadata(&source).map_err(io("finding the hard link's target"))?;
                 if meta.is_dir() {
                     return Err(bad("a hard link to a directory"));
@@ -191,14 +220,15 @@ fn set_mtime(path: &Path, secs: i64) -> std::io::Result<()> {
 
 /// `root/rel` as a real directory: every component is created if missing, and must be a
 /// directory, never a symlink, so nothing is written outside `root`.
-fn real_dir(root: &Path, rel: &str) -> Result<PathBuf, String> {
+fn real_dir(root: &Path, parts: &[&[u8]]) -> Result<PathBuf, String> {
     let mut at = root.to_owned();
-    for part in rel.split('/').filter(|p| !p.is_empty()) {
-        at.push(part);
+    for part in parts {
+        at.push(OsStr::from_bytes(part));
+        let shown = String::from_utf8_lossy(part);
         match std::fs::symlink_metadata(&at) {
             Ok(m) if m.is_dir() => {}
-            Ok(_) => return Err(format!("its parent {part:?} is not a directory (a symlink or a file)")),
-            Err(_) => std::fs::create_dir(&at).map_err(|e| format!("creating its parent {part:?}: {e}"))?,
+            Ok(_) => return Err(format!("its parent {shown:?} is not a directory (a symlink or a file)")),
+            Err(_) => std::fs::create_dir(&at).map_err(|e| format!("creating its parent {shown:?}: {e}"))?,
         }
     }
     Ok(at)
@@ -258,6 +288,43 @@ mod tests {
             1_700_000_000,
             "directory times set last"
         );
+    }
+
+    /// Names are bytes: a Latin-1 name, a symlink to one and a hard link to it unpack under
+    /// exactly those bytes, and two names that differ only in such bytes stay two files.
+    #[test]
+    fn names_that_are_not_utf8_unpack_byte_for_byte() {
+        let (cafe, cafe2) = (OsStr::from_bytes(b"caf\xe9.txt"), OsStr::from_bytes(b"caf\xe8.txt"));
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, kind, data, link) in [
+            (cafe, tar::EntryType::Regular, &b"one"[..], None),
+            (cafe2, tar::EntryType::Regular, &b"two"[..], None),
+            (OsStr::new("to-cafe"), tar::EntryType::Symlink, &b""[..], Some(cafe)),
+            (OsStr::new("same-cafe"), tar::EntryType::Link, &b""[..], Some(cafe)),
+        ] {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(kind);
+            h.set_mode(0o644);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(1_700_000_000);
+            h.set_size(data.len() as u64);
+            h.set_path(name).unwrap();
+            if let Some(l) = link {
+                h.set_link_name(l).unwrap();
+            }
+            h.set_cksum();
+            b.append(&h, data).unwrap();
+        }
+        let t = b.into_inner().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        apply(&t[..], dir.path()).unwrap();
+        assert_eq!(std::fs::read(dir.path().join(cafe)).unwrap(), b"one");
+        assert_eq!(std::fs::read(dir.path().join(cafe2)).unwrap(), b"two");
+        assert_eq!(std::fs::read_link(dir.path().join("to-cafe")).unwrap().as_os_str(), cafe);
+        let (a, l) = (dir.path().join(cafe).metadata().unwrap(), dir.path().join("same-cafe").metadata().unwrap());
+        assert_eq!(a.ino(), l.ino(), "the hard link is the same file");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 4);
     }
 
     /// `.wh..` and `.wh...` name no file: they would hide the directory itself or the one
