@@ -273,7 +273,7 @@ impl Lazy {
                         self.set_lower(id, lower).await;
                         let mut commit_labels = labels;
                         commit_labels.insert(REMOTE_LABEL.into(), REMOTE_VALUE.into());
-                        let done = self.commit(inner, key, &target, commit_labels, Some(id), "lazy").await?;
+                        let done = self.commit(inner, key, parent, &target, commit_labels, Some(id), "lazy").await?;
                         // The prefetch goes on meanwhile: the pull is not held up by it, and a
                         // container waits for it at its reads (`crate::gate`) or its own Prepare
                         // (`wait_prefetch`), so the prefetch overlaps the rest of the pull and
@@ -302,7 +302,7 @@ impl Lazy {
             Ok(size) => {
                 tracing::info!(layer = %src.digest, image = %src.image, snapshot = %target, bytes = size, reason = %why_not_lazy, "layer fetched whole and unpacked");
                 self.record_whole(&target, &src, size, why_not_lazy);
-                self.commit(inner, key, &target, labels, None, "whole").await
+                self.commit(inner, key, parent, &target, labels, None, "whole").await
             }
             Err(e) => {
                 tracing::warn!(layer = %src.digest, image = %src.image, error = %e, "layer not lazy ({why_not_lazy}), and fetching it whole failed; containerd will download it");
@@ -333,15 +333,19 @@ impl Lazy {
 
     /// Commits the prepared layer under `target`. If another Prepare committed the same layer
     /// first, that one is used and this one goes.
+    #[allow(clippy::too_many_arguments)]
     async fn commit(
         &self,
         inner: &Arc<Snapshotter>,
         key: &str,
+        parent: Option<&str>,
         target: &str,
         labels: BTreeMap<String, String>,
         mounted: Option<u64>,
         how: &'static str,
     ) -> Result<Prepared, SnapshotError> {
+        let mut plain_labels = labels.clone();
+        plain_labels.remove(REMOTE_LABEL);
         let committed = {
             let (inner, key, target) = (inner.clone(), key.to_owned(), target.to_owned());
             blocking(move || inner.commit(&target, &key, labels)).await
@@ -356,7 +360,21 @@ impl Lazy {
                 let _ = blocking(move || i.remove(&k)).await;
                 match e {
                     SnapshotError::AlreadyExists(_) => {
-                        Ok(Prepared::Remote { target: target.to_owned(), how: "existing" })
+                        // As in Prepare's own look for the target: one committed on another
+                        // parent would not be found by containerd, and its pull would fail.
+                        let (i, t) = (inner.clone(), target.to_owned());
+                        let existing = blocking(move || i.stat(&t)).await?;
+                        if existing.parent.as_deref() == parent {
+                            return Ok(Prepared::Remote { target: target.to_owned(), how: "existing" });
+                        }
+                        let why = format!(
+                            "its target was committed meanwhile on parent {:?}, and containerd asked for parent {:?}",
+                            existing.parent.as_deref().unwrap_or(""),
+                            parent.unwrap_or("")
+                        );
+                        tracing::warn!(key, target, "layer not lazy: {why}");
+                        self.refuse(target, "", "", why);
+                        Ok(Prepared::Local(self.prepare_plain(inner, key, parent, &plain_labels).await?))
                     }
                     e => Err(e),
                 }
