@@ -148,6 +148,18 @@ impl Drop for Held<'_> {
     }
 }
 
+/// A layer's mount not yet handed to [`Lazy`]'s map.
+struct Unplaced(Option<Mounted>);
+
+impl Drop for Unplaced {
+    fn drop(&mut self) {
+        if let Some(m) = self.0.take() {
+            tracing::info!(mount = %m.path.display(), "unmounting a layer whose Prepare was given up");
+            std::thread::spawn(move || m.unmount());
+        }
+    }
+}
+
 /// What mounting a layer started.
 #[derive(Debug)]
 struct Started {
@@ -551,6 +563,11 @@ impl Lazy {
             }
         };
         tracing::debug!(layer = %src.digest, ?toc_read, ?toc_verified, ?toc_checked, mounted = ?started.elapsed(), "layer mount steps");
+        // Until it is in the map, a mount whose call is given up (the client cancelled the
+        // Prepare) is unmounted on the way out, not left serving a directory nothing tracks.
+        let mut unplaced = Unplaced(Some(mounted));
+        let mut mounts = self.mounts.lock().await;
+        let Some(mounted) = unplaced.0.take() else { unreachable!("taken only here") };
         let live = Live {
             mount: mounted,
             filling: filling.abort_handle(),
@@ -559,7 +576,8 @@ impl Lazy {
             progress: progress.clone(),
             prefetch_bytes,
         };
-        let replaced = self.mounts.lock().await.insert(id, live);
+        let replaced = mounts.insert(id, live);
+        drop(mounts);
         if let Some(old) = replaced {
             // Mounts of one snapshot are made one at a time, after a look for a live one, so
             // this is a mount that had died.
