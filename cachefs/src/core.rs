@@ -224,10 +224,11 @@ pub struct FsCore {
     next_fh: std::sync::atomic::AtomicU64,
     /// Files being written, by inode.
     writers: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<Staged>>>>,
-    /// Staged copies whose last handle is gone and whose release is publishing them. No new
-    /// open joins one (it starts a copy of its own), but an unlink, or a rename onto or of the
-    /// name, still reaches it.
-    closing: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<Staged>>>>,
+    /// Staged copies whose last handle is gone and whose release is publishing them, oldest
+    /// first (a file's next copy starts only once its last one is here). No new open joins
+    /// one (it starts a copy of its own), but an unlink, or a rename onto or of the name, still
+    /// reaches them, and a newer copy's upload waits for them.
+    closing: Mutex<HashMap<u64, Vec<Arc<tokio::sync::Mutex<Staged>>>>>,
     /// The newest staged copy of each file being written or published, by its id: an older
     /// copy whose release comes after a truncating open started the file again is not
     /// uploaded, since that open emptied it, as it would on a local disk.
@@ -523,7 +524,9 @@ impl FsCore {
     /// it: what a rename must wait for and carry along.
     pub(crate) fn staged_of(&self, ino: u64) -> Option<Arc<tokio::sync::Mutex<Staged>>> {
         let writer = self.writers.lock().unwrap_or_else(|p| p.into_inner()).get(&ino).cloned();
-        writer.or_else(|| self.closing.lock().unwrap_or_else(|p| p.into_inner()).get(&ino).cloned())
+        writer.or_else(|| {
+            self.closing.lock().unwrap_or_else(|p| p.into_inner()).get(&ino).and_then(|v| v.last().cloned())
+        })
     }
 
     /// The entries of a directory if a listing younger than the TTL has them.
@@ -696,6 +699,22 @@ impl FsCore {
         drop(s);
         self.update_size(ino, 0);
         Ok(())
+    }
+
+    /// Whether the release of a copy of this file may still be uploading it.
+    pub fn closing(&self, ino: u64) -> bool {
+        self.closing.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&ino)
+    }
+
+    /// Waits until no release of this file is uploading it, so that an open after a close sees
+    /// the file as the store has it: until then it is a file without a version, which no read
+    /// could fetch. Call before [`FsCore::open`] of a file [`FsCore::closing`] names.
+    pub async fn settle_closing(&self, ino: u64) {
+        // Polled, not locked: a release holds its copy while it caches the bytes it published,
+        // which may take seconds for a checkpoint, and an open must not wait for that.
+        while self.closing(ino) && self.inode(ino).is_ok_and(|i| i.node.version.is_empty()) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// Whether a file is being written here (a staged copy exists for it).
@@ -906,9 +925,12 @@ impl FsCore {
     async fn publish(&self, ino: u64, staged: &tokio::sync::Mutex<Staged>) -> Result<(), FsError> {
         // An older copy of this file may be going up from its release: this content, which
         // replaced it, must land after it, never under it.
-        let older = self.closing.lock().unwrap_or_else(|p| p.into_inner()).get(&ino).cloned();
-        if let Some(older) = older.filter(|o| !std::ptr::eq(Arc::as_ptr(o), staged)) {
-            drop(older.lock().await);
+        let older: Vec<_> = match self.closing.lock().unwrap_or_else(|p| p.into_inner()).get(&ino) {
+            Some(v) => v.iter().take_while(|c| !std::ptr::eq(Arc::as_ptr(c), staged)).cloned().collect(),
+            None => Vec::new(),
+        };
+        for o in older {
+            drop(o.lock().await);
         }
         let mut s = staged.lock().await;
         // Unlinked while open: its content has no name to go up under.
@@ -1017,18 +1039,24 @@ impl FsCore {
             if writers.get(&h.ino).is_some_and(|w| Arc::ptr_eq(w, &staged)) {
                 writers.remove(&h.ino);
             }
-            self.closing.lock().unwrap_or_else(|p| p.into_inner()).insert(h.ino, staged.clone());
+            self.closing.lock().unwrap_or_else(|p| p.into_inner()).entry(h.ino).or_default().push(staged.clone());
             (h, staged)
         };
         let id = staged.lock().await.id;
         let released = self.release_last(&h, &staged).await;
         let mut closing = self.closing.lock().unwrap_or_else(|p| p.into_inner());
-        if closing.get(&h.ino).is_some_and(|c| Arc::ptr_eq(c, &staged)) {
-            closing.remove(&h.ino);
+        let mut others = false;
+        if let Some(v) = closing.get_mut(&h.ino) {
+            v.retain(|c| !Arc::ptr_eq(c, &staged));
+            others = !v.is_empty();
+            if !others {
+                closing.remove(&h.ino);
+            }
         }
         drop(closing);
+        // Kept while an older copy may still reach its upload: it must find itself superseded.
         let mut newest = self.newest.lock().unwrap_or_else(|p| p.into_inner());
-        if newest.get(&h.ino) == Some(&id) {
+        if !others && newest.get(&h.ino) == Some(&id) {
             newest.remove(&h.ino);
         }
         drop(newest);
@@ -1069,9 +1097,8 @@ impl FsCore {
         }
         let published = self.publish(h.ino, staged).await;
         if published.is_ok() {
-            // It is in the store: a restart must not upload it again, under what may by then
-            // be a stale name.
-            staged.lock().await.forget_manifest();
+            // In the store, its manifest is already gone (`Staged::mark_published`): a restart
+            // will not upload it again, under what may by then be a stale name.
             // Checkpoint writers rename the file right after closing it. Waiting for that puts
             // the cached copy in under the final name at once, instead of writing it under the
             // temp name and then copying it to the new one.
@@ -1190,13 +1217,15 @@ impl FsCore {
             return Err(FsError::IsDir);
         }
         let path = self.inode(attr.ino)?.path;
-        self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&path);
-        let writer = self.writers.lock().unwrap_or_else(|p| p.into_inner()).remove(&attr.ino);
-        // A copy still going up from its release too: waited for, then dropped, so the delete
-        // below comes after its upload and nothing is left under the name.
-        let closing = self.closing.lock().unwrap_or_else(|p| p.into_inner()).remove(&attr.ino);
-        for s in writer.into_iter().chain(closing) {
-            s.lock().await.discard();
+        // Every staged copy of the file, held: one still going up from its release is waited
+        // for, so the delete below comes after its upload; none is dropped before the delete
+        // has gone through, so a failed one leaves the file as it was.
+        let writer = self.writers.lock().unwrap_or_else(|p| p.into_inner()).get(&attr.ino).cloned();
+        let closing = self.closing.lock().unwrap_or_else(|p| p.into_inner()).get(&attr.ino).cloned();
+        let copies: Vec<_> = writer.iter().chain(closing.iter().flatten()).cloned().collect();
+        let mut held = Vec::with_capacity(copies.len());
+        for c in &copies {
+            held.push(c.lock().await);
         }
         // Always asked of the store, even for a file being written that was never uploaded:
         // an `O_TRUNC` rewrite of an object looks just like a new file until its close, and
@@ -1207,6 +1236,17 @@ impl FsCore {
             path: path.clone(),
             source,
         })?;
+        for s in held.iter_mut() {
+            s.discard();
+        }
+        drop(held);
+        {
+            let mut w = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+            if w.get(&attr.ino).is_some_and(|c| copies.iter().any(|x| Arc::ptr_eq(x, c))) {
+                w.remove(&attr.ino);
+            }
+        }
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&path);
         self.published.lock().unwrap_or_else(|p| p.into_inner()).remove(&attr.ino);
         let open = self.has_handles(attr.ino);
         let mut t = self.changing(&[&path]);
@@ -1353,8 +1393,8 @@ impl FsCore {
         // an unlink: its writer's close must not upload over the file renamed into its place.
         if let Some(old) = replaced.filter(|r| r.ino != src.ino) {
             let displaced = self.writers.lock().unwrap_or_else(|p| p.into_inner()).remove(&old.ino);
-            let closing = self.closing.lock().unwrap_or_else(|p| p.into_inner()).remove(&old.ino);
-            for w in displaced.into_iter().chain(closing) {
+            let closing = self.closing.lock().unwrap_or_else(|p| p.into_inner()).get(&old.ino).cloned();
+            for w in displaced.into_iter().chain(closing.into_iter().flatten()) {
                 w.lock().await.discard();
             }
             self.published.lock().unwrap_or_else(|p| p.into_inner()).remove(&old.ino);

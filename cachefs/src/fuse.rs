@@ -181,6 +181,11 @@ impl Filesystem for StrataFs {
         {
             return reply.error(errno("open", &e));
         }
+        // An open that does not start the file again waits for a close's upload of it under
+        // way, and then sees the object that upload made.
+        if !truncate && self.core.closing(ino.0) {
+            self.rt.block_on(self.core.settle_closing(ino.0));
+        }
         let fh = match self.core.open(ino.0, write, truncate) {
             Ok(fh) => fh,
             Err(e) => return reply.error(errno("open", &e)),

@@ -413,6 +413,11 @@ impl Staged {
     pub fn retarget(&mut self, target: &str) -> io::Result<()> {
         self.stop_streaming();
         self.target = target.to_string();
+        if self.sealed && !self.dirty {
+            // Published and unchanged since (see `mark_published`): there is nothing for a
+            // restart to upload or report, and the next change records the manifest again.
+            return Ok(());
+        }
         self.sealed = false;
         self.record(false, None)
     }

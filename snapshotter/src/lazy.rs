@@ -148,12 +148,13 @@ impl Drop for Held<'_> {
     }
 }
 
-/// A layer's mount not yet handed to [`Lazy`]'s map.
-struct Unplaced(Option<Mounted>);
+/// A layer's mount not yet handed to [`Lazy`]'s map, and its fill.
+struct Unplaced(Option<Mounted>, tokio::task::AbortHandle);
 
 impl Drop for Unplaced {
     fn drop(&mut self) {
         if let Some(m) = self.0.take() {
+            self.1.abort();
             tracing::info!(mount = %m.path.display(), "unmounting a layer whose Prepare was given up");
             std::thread::spawn(move || m.unmount());
         }
@@ -565,7 +566,7 @@ impl Lazy {
         tracing::debug!(layer = %src.digest, ?toc_read, ?toc_verified, ?toc_checked, mounted = ?started.elapsed(), "layer mount steps");
         // Until it is in the map, a mount whose call is given up (the client cancelled the
         // Prepare) is unmounted on the way out, not left serving a directory nothing tracks.
-        let mut unplaced = Unplaced(Some(mounted));
+        let mut unplaced = Unplaced(Some(mounted), filling.abort_handle());
         let mut mounts = self.mounts.lock().await;
         let Some(mounted) = unplaced.0.take() else { unreachable!("taken only here") };
         let live = Live {

@@ -546,10 +546,39 @@ impl Config {
 /// Whether two tier paths name one directory: the same path once `.` and trailing slashes are
 /// gone, or, where both exist, the same directory through links.
 fn same_dir(a: &std::path::Path, b: &std::path::Path) -> bool {
-    if a.components().eq(b.components()) {
-        return true;
+    a.components().eq(b.components()) || resolved(a) == resolved(b)
+}
+
+/// `path` with links followed as far as it exists, and the rest, not yet made, as written:
+/// a link to a tier directory a first start has yet to create still names that directory.
+fn resolved(path: &std::path::Path) -> PathBuf {
+    resolved_within(path, 40)
+}
+
+fn resolved_within(path: &std::path::Path, links: u32) -> PathBuf {
+    let mut rest = Vec::new();
+    let mut at = path.to_owned();
+    loop {
+        let real = match at.canonicalize() {
+            Ok(real) => Some(real),
+            // A link to what does not exist yet: followed by hand.
+            Err(_) if links > 0 => std::fs::read_link(&at).ok().map(|to| {
+                let to = at.parent().map_or(to.clone(), |p| p.join(&to));
+                resolved_within(&to, links - 1)
+            }),
+            Err(_) => None,
+        };
+        if let Some(real) = real {
+            return rest.iter().rev().fold(real, |p: PathBuf, part| p.join(part));
+        }
+        match (at.parent().map(std::path::Path::to_owned), at.file_name().map(|n| n.to_owned())) {
+            (Some(parent), Some(name)) => {
+                rest.push(name);
+                at = parent;
+            }
+            _ => return path.to_owned(),
+        }
     }
-    matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
 }
 
 #[cfg(test)]
@@ -656,6 +685,15 @@ mod tests {
             "state_dir = \"{}\"\n[tiers.warm]\npath = \"{}\"\n",
             dir.path().display(),
             dir.path().join("alias").display()
+        );
+        assert_eq!(Config::from_toml(&text).unwrap_err().key, "tiers.warm.path");
+        // A link to the hot tier's directory that a first start has yet to create.
+        std::os::unix::fs::symlink(dir.path().join("later"), dir.path().join("alias2")).unwrap();
+        let text = format!(
+            "state_dir = \"{}\"\n[tiers.hot]\npath = \"{}\"\n[tiers.warm]\npath = \"{}\"\n",
+            dir.path().display(),
+            dir.path().join("later/hot").display(),
+            dir.path().join("alias2/hot").display()
         );
         assert_eq!(Config::from_toml(&text).unwrap_err().key, "tiers.warm.path");
         assert!(Config::from_toml("state_dir = \"/data\"\n[tiers.warm]\npath = \"/sas/warm\"\n").is_ok());

@@ -287,3 +287,60 @@ async fn a_truncating_open_during_a_release_writes_a_copy_of_its_own_that_lands_
     assert_eq!(read_all(&fs, a.ino).await, b"step 200");
     assert!(std::fs::read_dir(dir.path().join("staging")).unwrap().next().is_none(), "nothing left staged");
 }
+
+/// Two closes whose releases both upload (neither writer's own close published it): the copy
+/// made last lands last, whichever upload is quicker.
+#[tokio::test]
+async fn releases_uploading_at_once_land_in_the_order_their_copies_were_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fs, store) = holding(dir.path(), None);
+    let (a, first) = fs.create(ROOT, "latest").await.unwrap();
+    fs.write(first, 0, b"step 100").await.unwrap();
+    let (asked, go) = store.hold("latest");
+    let first_release = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.release(first).await }
+    });
+    answered(asked).await;
+    let second = fs.open(a.ino, true, true).unwrap();
+    fs.write(second, 0, b"step 200").await.unwrap();
+    let second_release = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.release(second).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    go.send(()).unwrap();
+    second_release.await.unwrap().unwrap();
+    first_release.await.unwrap().unwrap();
+    assert_eq!(super::tests_support::cold(dir.path(), "latest").unwrap(), b"step 200");
+    assert_eq!(read_all(&fs, a.ino).await, b"step 200");
+}
+
+/// An open for reading while a close's upload of the file is under way waits for it, and
+/// reads what it uploaded: before, the file has no version any read could fetch.
+#[tokio::test]
+async fn a_read_open_during_a_releases_upload_reads_what_it_uploaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fs, store) = holding(dir.path(), None);
+    let (a, first) = fs.create(ROOT, "ckpt").await.unwrap();
+    fs.write(first, 0, b"the checkpoint").await.unwrap();
+    let (asked, go) = store.hold("ckpt");
+    let releasing = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.release(first).await }
+    });
+    answered(asked).await;
+    assert!(fs.closing(a.ino));
+    let reading = tokio::spawn({
+        let fs = fs.clone();
+        async move {
+            fs.settle_closing(a.ino).await;
+            read_all(&fs, a.ino).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!reading.is_finished(), "the open did not wait for the upload");
+    go.send(()).unwrap();
+    assert_eq!(reading.await.unwrap(), b"the checkpoint");
+    releasing.await.unwrap().unwrap();
+}

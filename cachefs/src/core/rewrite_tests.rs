@@ -241,3 +241,24 @@ async fn truncating_opens_at_once_share_one_staged_copy() {
     let left: Vec<_> = std::fs::read_dir(dir.path().join("staging")).unwrap().collect();
     assert!(left.is_empty(), "left in staging: {left:?}");
 }
+
+/// `mv ckpt.tmp ckpt` right after the close, while its release waits to cache it under the
+/// final name: the published file leaves no manifest for a crash then to report as cut short.
+#[tokio::test]
+async fn a_rename_during_the_release_of_a_published_file_leaves_nothing_to_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(setup(dir.path()));
+    let (_, fh) = fs.create(ROOT, "ckpt.tmp").await.unwrap();
+    fs.write(fh, 0, b"weights").await.unwrap();
+    fs.flush(fh).await.unwrap();
+    let releasing = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.release(fh).await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    fs.rename(ROOT, "ckpt.tmp", ROOT, "ckpt").await.unwrap();
+    let left = staging::leftovers(&dir.path().join("staging"));
+    assert!(left.is_empty(), "a crash now would report: {left:?}");
+    releasing.await.unwrap().unwrap();
+    assert_eq!(cold(dir.path(), "ckpt").unwrap(), b"weights");
+}
