@@ -701,6 +701,31 @@ impl FsCore {
         Ok(())
     }
 
+    /// Every staged copy of a file, the writers' first and then those closing, each once. Read
+    /// under both locks at once, in the order `release` takes them: a copy moving from one map
+    /// to the other in between would be seen twice, and locked twice.
+    fn copies_of(&self, ino: u64) -> Vec<Arc<tokio::sync::Mutex<Staged>>> {
+        let writers = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+        let closing = self.closing.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<Arc<tokio::sync::Mutex<Staged>>> = writers.get(&ino).cloned().into_iter().collect();
+        for c in closing.get(&ino).into_iter().flatten() {
+            if !out.iter().any(|o| Arc::ptr_eq(o, c)) {
+                out.push(c.clone());
+            }
+        }
+        out
+    }
+
+    /// Waits for the uploads under way of a file's copies, but for `but`. Nothing is held
+    /// while waiting, so two renames crossing each other cannot wait on each other.
+    async fn wait_uploads(&self, ino: u64, but: Option<&Arc<tokio::sync::Mutex<Staged>>>) {
+        for c in self.copies_of(ino) {
+            if but.is_none_or(|b| !Arc::ptr_eq(b, &c)) {
+                drop(c.lock().await);
+            }
+        }
+    }
+
     /// Whether the release of a copy of this file may still be uploading it.
     pub fn closing(&self, ino: u64) -> bool {
         self.closing.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&ino)
@@ -712,7 +737,8 @@ impl FsCore {
     pub async fn settle_closing(&self, ino: u64) {
         // Polled, not locked: a release holds its copy while it caches the bytes it published,
         // which may take seconds for a checkpoint, and an open must not wait for that.
-        while self.closing(ino) && self.inode(ino).is_ok_and(|i| i.node.version.is_empty()) {
+        // An open that finds a writer's copy joins it, and needs no version.
+        while self.closing(ino) && !self.staging(ino) && self.inode(ino).is_ok_and(|i| i.node.version.is_empty()) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
@@ -1042,8 +1068,8 @@ impl FsCore {
             self.closing.lock().unwrap_or_else(|p| p.into_inner()).entry(h.ino).or_default().push(staged.clone());
             (h, staged)
         };
-        let id = staged.lock().await.id;
         let released = self.release_last(&h, &staged).await;
+        let writers = self.writers.lock().unwrap_or_else(|p| p.into_inner());
         let mut closing = self.closing.lock().unwrap_or_else(|p| p.into_inner());
         let mut others = false;
         if let Some(v) = closing.get_mut(&h.ino) {
@@ -1053,13 +1079,13 @@ impl FsCore {
                 closing.remove(&h.ino);
             }
         }
-        drop(closing);
-        // Kept while an older copy may still reach its upload: it must find itself superseded.
+        // Kept while an older copy may still reach its upload (it must find itself
+        // superseded) or a writer's copy is the newest; gone with the file's last copy.
         let mut newest = self.newest.lock().unwrap_or_else(|p| p.into_inner());
-        if !others && newest.get(&h.ino) == Some(&id) {
+        if !others && !writers.contains_key(&h.ino) {
             newest.remove(&h.ino);
         }
-        drop(newest);
+        drop((newest, closing, writers));
         self.prune_if_nameless(h.ino);
         released
     }
@@ -1220,9 +1246,7 @@ impl FsCore {
         // Every staged copy of the file, held: one still going up from its release is waited
         // for, so the delete below comes after its upload; none is dropped before the delete
         // has gone through, so a failed one leaves the file as it was.
-        let writer = self.writers.lock().unwrap_or_else(|p| p.into_inner()).get(&attr.ino).cloned();
-        let closing = self.closing.lock().unwrap_or_else(|p| p.into_inner()).get(&attr.ino).cloned();
-        let copies: Vec<_> = writer.iter().chain(closing.iter().flatten()).cloned().collect();
+        let copies = self.copies_of(attr.ino);
         let mut held = Vec::with_capacity(copies.len());
         for c in &copies {
             held.push(c.lock().await);
@@ -1326,6 +1350,13 @@ impl FsCore {
             return Err(FsError::IsDir);
         }
         let writer = self.staged_of(src.ino);
+        // Older copies of the file still going up from their releases, and any of the file the
+        // rename replaces, land first: after the rename they would bring back the old name, or
+        // land over the new one's content.
+        self.wait_uploads(src.ino, writer.as_ref()).await;
+        if let Some(r) = replaced.as_ref().filter(|r| r.ino != src.ino) {
+            self.wait_uploads(r.ino, None).await;
+        }
         // Held to the end of the rename: a flush of this file waits, rather than uploading under
         // the old name between the copy and the delete, and a flush that was running has set
         // the node it made before the file is read below.

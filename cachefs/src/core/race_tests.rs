@@ -14,6 +14,8 @@ use tokio::sync::oneshot;
 /// handed on when `go` fires.
 struct Hold {
     path: String,
+    /// Held before the store sees the request, not after it has answered.
+    before: bool,
     asked: oneshot::Sender<()>,
     go: oneshot::Receiver<()>,
 }
@@ -31,7 +33,16 @@ impl Holding {
     fn hold(&self, path: &str) -> (oneshot::Receiver<()>, oneshot::Sender<()>) {
         let (asked_tx, asked) = oneshot::channel();
         let (go, go_rx) = oneshot::channel();
-        *self.hold.lock().unwrap() = Some(Hold { path: path.to_string(), asked: asked_tx, go: go_rx });
+        *self.hold.lock().unwrap() = Some(Hold { path: path.to_string(), before: false, asked: asked_tx, go: go_rx });
+        (asked, go)
+    }
+
+    /// Holds the next request about `path` before the store sees it; returns (asked, go).
+    fn hold_before(&self, path: &str) -> (oneshot::Receiver<()>, oneshot::Sender<()>) {
+        let (asked, go) = self.hold(path);
+        if let Some(h) = self.hold.lock().unwrap().as_mut() {
+            h.before = true;
+        }
         (asked, go)
     }
 
@@ -43,6 +54,11 @@ impl Holding {
         let mut slot = self.hold.lock().unwrap();
         let Some(hold) = slot.take_if(|h| h.path == path) else { return answer };
         Box::pin(async move {
+            if hold.before {
+                let _ = hold.asked.send(());
+                let _ = hold.go.await;
+                return answer.await;
+            }
             let answer = answer.await;
             let _ = hold.asked.send(());
             let _ = hold.go.await;
@@ -342,5 +358,62 @@ async fn a_read_open_during_a_releases_upload_reads_what_it_uploaded() {
     assert!(!reading.is_finished(), "the open did not wait for the upload");
     go.send(()).unwrap();
     assert_eq!(reading.await.unwrap(), b"the checkpoint");
+    releasing.await.unwrap().unwrap();
+}
+
+/// A rename of a file while a close's upload of an older copy of it is under way waits for
+/// that upload: landing after the rename, it would bring the old name back.
+#[tokio::test]
+async fn a_rename_waits_for_an_older_copys_upload() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fs, store) = holding(dir.path(), None);
+    let (a, first) = fs.create(ROOT, "p").await.unwrap();
+    fs.write(first, 0, b"old").await.unwrap();
+    let (asked, go) = store.hold_before("p");
+    let releasing = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.release(first).await }
+    });
+    answered(asked).await;
+    let second = fs.open(a.ino, true, true).unwrap();
+    fs.write(second, 0, b"new").await.unwrap();
+    let renaming = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.rename(ROOT, "p", ROOT, "q").await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    go.send(()).unwrap();
+    renaming.await.unwrap().unwrap();
+    fs.flush(second).await.unwrap();
+    fs.release(second).await.unwrap();
+    releasing.await.unwrap().unwrap();
+    let cold = |k| super::tests_support::cold(dir.path(), k);
+    assert_eq!(cold("p"), None, "the old upload brought the renamed-away name back");
+    assert_eq!(cold("q").as_deref(), Some(&b"new"[..]));
+    assert!(matches!(fs.lookup(ROOT, "p").await, Err(FsError::NotFound)), "the mount shows the old name again");
+    assert_eq!(read_all(&fs, fs.lookup(ROOT, "q").await.unwrap().ino).await, b"new");
+}
+
+/// An open of a file a writer has open again joins that writer's copy at once, however long
+/// the release of the file's previous copy takes to cache what it published.
+#[tokio::test]
+async fn an_open_beside_a_writer_does_not_wait_for_an_earlier_release() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fs, _store) = holding(dir.path(), None);
+    let (a, first) = fs.create(ROOT, "f").await.unwrap();
+    fs.write(first, 0, b"a").await.unwrap();
+    fs.flush(first).await.unwrap();
+    let releasing = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.release(first).await }
+    });
+    // The release now waits half a second for a rename before caching the file.
+    while !fs.closing(a.ino) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let second = fs.open(a.ino, true, true).unwrap();
+    let settled = tokio::time::timeout(Duration::from_millis(200), fs.settle_closing(a.ino)).await;
+    assert!(settled.is_ok(), "the open waited for the earlier release");
+    fs.release(second).await.unwrap();
     releasing.await.unwrap().unwrap();
 }
