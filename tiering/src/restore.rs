@@ -170,7 +170,8 @@ fn write_state(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), CacheError> {
 /// Replaces `path` with `bytes` so that after a crash or power cut it holds either the old
 /// content or the new, whole: a private temp file beside it, synced, renamed over it, and the
 /// directory synced. The temp's name is unique per call, so concurrent writers never rename
-/// each other's half-written file; [`remove_stale_temps`] clears those a crash leaves.
+/// each other's half-written file. [`remove_stale_temps`] clears those a crash leaves of the
+/// state files; one of the policy file's is a dotfile beside it, ignored.
 pub(crate) fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
