@@ -25,7 +25,10 @@
 #      BENCH_DIR (scratch dir, default a new /var/tmp/strata-bench.XXXXXX; strata's state dir and
 #      the local copies live there, so they share a disk), TIMEOUT=1800 (s per timed operation),
 #      STRATA_CHUNK=8MiB (strata's --chunk-size for the read benches),
-#      SKIP_BUILD=1 (use the binaries already in target/release), KEEP=1 (keep the scratch dir).
+#      SKIP_BUILD=1 (use the binaries already in target/release), KEEP=1 (keep the scratch dir),
+#      SPLIT_CPUS=STORE:CLIENT (taskset CPU lists, e.g. 0:1): Ceph runs on STORE's CPUs and every
+#      contender, with its reader or writer, on CLIENT's, as on a cluster, where the object store
+#      has machines of its own; by default all share every CPU.
 # Runs as root with /dev/fuse. The Ceph packages come from tests/run-all.sh (run it once first);
 # s3fs, rclone, fuse3 and fio are installed here if missing. Progress goes to stderr; the table
 # is the only thing on stdout.
@@ -42,6 +45,11 @@ MOUNT_TIMEOUT=60
 for v in SIZE_MB FILES CKPT_MB DIR_FILES SMALL_FILES SMALL_KB READERS FIO_RUNTIME TIMEOUT ROUNDS; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "$v must be a positive integer, got '${!v}'" >&2; exit 2; }
 done
+SPLIT_CPUS=${SPLIT_CPUS:-}
+if [[ -n $SPLIT_CPUS ]]; then
+  [[ $SPLIT_CPUS =~ ^[0-9,-]+:[0-9,-]+$ ]] || { echo "SPLIT_CPUS must be STORE:CLIENT CPU lists (e.g. 0:1), got '$SPLIT_CPUS'" >&2; exit 2; }
+  command -v taskset >/dev/null || { echo "SPLIT_CPUS needs taskset (util-linux)" >&2; exit 2; }
+fi
 for b in ${ONLY//,/ }; do
   [[ $b =~ ^(cold|warm|random|small|smallfit|meta|ckpt|dirmv)$ ]] || { echo "ONLY: unknown bench '$b'" >&2; exit 2; }
 done
@@ -617,6 +625,16 @@ if want ckpt; then
   head -c "$CKPT_BYTES" /dev/urandom >"$WORK/ckpt.src"
 fi
 
+if [[ -n $SPLIT_CPUS ]]; then
+  # Threads a daemon starts later inherit its affinity, so pinning every thread now pins Ceph
+  # for good; this script's children (mounts, dd, fio, raw_s3) inherit the client's CPUs.
+  log "pinning Ceph to CPUs ${SPLIT_CPUS%%:*} and the contenders to CPUs ${SPLIT_CPUS#*:}"
+  ceph_pids=$(grep -lzxF -- "$RGW_DIR/ceph.conf" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3)
+  [[ -n $ceph_pids ]] || die "found no Ceph process to pin"
+  for p in $ceph_pids; do taskset -a -p -c "${SPLIT_CPUS%%:*}" "$p" >/dev/null || die "pinning pid $p failed"; done
+  taskset -p -c "${SPLIT_CPUS#*:}" $$ >/dev/null || die "pinning this script failed"
+fi
+
 # Every contender runs once per round, side by side, and the report gives the median of the
 # rounds: single runs on a shared 2-core machine vary by a third.
 for round in $(seq "$ROUNDS"); do
@@ -722,6 +740,9 @@ env_prefix=""
 [[ $ROUNDS == 3 ]] || env_prefix+="ROUNDS=$ROUNDS "
 [[ $FIO_RUNTIME == 20 ]] || env_prefix+="FIO_RUNTIME=$FIO_RUNTIME "
 [[ $STRATA_CHUNK == 8MiB ]] || env_prefix+="STRATA_CHUNK=$STRATA_CHUNK "
+[[ -z $SPLIT_CPUS ]] || env_prefix+="SPLIT_CPUS=$SPLIT_CPUS "
+cpus="$(nproc) cores shared by Ceph and the contenders"
+[[ -z $SPLIT_CPUS ]] || cpus="Ceph on CPUs ${SPLIT_CPUS%%:*}, the contenders on CPUs ${SPLIT_CPUS#*:}"
 rev=$(git rev-parse --short HEAD 2>/dev/null || echo '?')
 [[ -z $(git status --porcelain --untracked-files=no 2>/dev/null) ]] || rev+=" (with uncommitted changes)"
 
@@ -729,7 +750,7 @@ report() {
   local s3fs rclone strata raw local_ pt nopt peer r1 r2 sc scc
   echo "## strata mount vs peers over Ceph RGW on loopback"
   echo
-  echo "strata $rev, s3fs $(s3fs --version 2>/dev/null | grep -o 'V[0-9.]*' | head -n1), $(rclone version 2>/dev/null | head -n1), $(nproc) cores, $(date -u +%F); strata reads with --chunk-size $STRATA_CHUNK; each figure is the median of $ROUNDS rounds (find + stat: one)."
+  echo "strata $rev, s3fs $(s3fs --version 2>/dev/null | grep -o 'V[0-9.]*' | head -n1), $(rclone version 2>/dev/null | head -n1), $cpus, $(date -u +%F); strata reads with --chunk-size $STRATA_CHUNK; each figure is the median of $ROUNDS rounds (find + stat: one)."
   echo "Reproduce: \`${env_prefix}bash benches/cachefs.sh\`"
   echo
   echo "| bench | baseline(s) | strata | ratio | goal | met |"
