@@ -1095,6 +1095,12 @@ impl FsCore {
     async fn release_last(&self, h: &Handle, staged: &tokio::sync::Mutex<Staged>) -> Result<(), FsError> {
         {
             let mut s = staged.lock().await;
+            if s.discarded {
+                // Unlinked, or renamed over, while open: nothing to publish, keep or report, and
+                // its old name, if anyone has it now, is another file's, not to be shown as the
+                // store has it.
+                return Ok(());
+            }
             if let Some(code) = s.write_error.filter(|_| s.dirty) {
                 // Known to be incomplete, and likely filling a disk that is full: dropped. The
                 // name then shows what the store holds, the object as it was or nothing.
@@ -1350,20 +1356,33 @@ impl FsCore {
             return Err(FsError::IsDir);
         }
         let writer = self.staged_of(src.ino);
-        // Older copies of the file still going up from their releases, and any of the file the
-        // rename replaces, land first: after the rename they would bring back the old name, or
-        // land over the new one's content.
+        // Older copies of the file still going up from their releases land first: after the
+        // rename they would bring back the old name.
         self.wait_uploads(src.ino, writer.as_ref()).await;
-        if let Some(r) = replaced.as_ref().filter(|r| r.ino != src.ino) {
-            self.wait_uploads(r.ino, None).await;
-        }
         // Held to the end of the rename: a flush of this file waits, rather than uploading under
         // the old name between the copy and the delete, and a flush that was running has set
-        // the node it made before the file is read below.
+        // the node it made before the file is read below. The copies of the file the rename
+        // replaces are held too, so that none of them, going up from a release or a flush,
+        // lands over the new name's content. Taken in inode order, as a directory rename takes
+        // its files', so that renames crossing each other cannot each hold what the other waits for.
+        let replaced_copies = replaced.as_ref().filter(|r| r.ino != src.ino).map(|r| (r.ino, self.copies_of(r.ino)));
+        let replaced_first = replaced_copies.as_ref().is_some_and(|(ino, _)| *ino < src.ino);
+        let mut replaced_held = Vec::new();
+        let lock_replaced = async |held: &mut Vec<tokio::sync::OwnedMutexGuard<Staged>>| {
+            for c in replaced_copies.iter().flat_map(|(_, v)| v) {
+                held.push(c.clone().lock_owned().await);
+            }
+        };
+        if replaced_first {
+            lock_replaced(&mut replaced_held).await;
+        }
         let mut staged = match &writer {
             Some(w) => Some(w.lock().await),
             None => None,
         };
+        if !replaced_first {
+            lock_replaced(&mut replaced_held).await;
+        }
         let from = self.inode(src.ino)?;
         let unpublished = staged.as_ref().is_some_and(|s| s.dirty || from.node.version.is_empty());
         let mut rekey = None;
@@ -1422,6 +1441,12 @@ impl FsCore {
         drop(staged);
         // A file the rename replaced that is still open for writing is now nameless, as after
         // an unlink: its writer's close must not upload over the file renamed into its place.
+        // Its copies held above are dropped before they are let go; one made meanwhile, by an
+        // open that truncated it, is found below.
+        for s in replaced_held.iter_mut() {
+            s.discard();
+        }
+        drop(replaced_held);
         if let Some(old) = replaced.filter(|r| r.ino != src.ino) {
             let displaced = self.writers.lock().unwrap_or_else(|p| p.into_inner()).remove(&old.ino);
             let closing = self.closing.lock().unwrap_or_else(|p| p.into_inner()).get(&old.ino).cloned();

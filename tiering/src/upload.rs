@@ -78,6 +78,11 @@ impl ObjectSource {
 }
 
 impl PartUpload {
+    /// The object this upload makes.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
     /// The store's ID of this upload, where the store has one that outlives the process.
     pub fn id(&self) -> Option<&str> {
         match &self.upload {

@@ -14,16 +14,18 @@ use tokio::sync::oneshot;
 /// handed on when `go` fires.
 struct Hold {
     path: String,
+    /// The request held (`"stat"`, `"rename"`, ...), or any about `path`.
+    op: Option<&'static str>,
     /// Held before the store sees the request, not after it has answered.
     before: bool,
     asked: oneshot::Sender<()>,
     go: oneshot::Receiver<()>,
 }
 
-/// The store's namespace, with one `stat` or `read_dir` answer held back.
+/// The store's namespace, with requests held back: each hold takes the first request it names.
 struct Holding {
     inner: Arc<dyn Namespace>,
-    hold: Mutex<Option<Hold>>,
+    hold: Mutex<Vec<Hold>>,
     /// Every directory listed, in order.
     listed: Mutex<Vec<String>>,
 }
@@ -31,28 +33,37 @@ struct Holding {
 impl Holding {
     /// Holds the next request about `path`; returns (asked, go).
     fn hold(&self, path: &str) -> (oneshot::Receiver<()>, oneshot::Sender<()>) {
-        let (asked_tx, asked) = oneshot::channel();
-        let (go, go_rx) = oneshot::channel();
-        *self.hold.lock().unwrap() = Some(Hold { path: path.to_string(), before: false, asked: asked_tx, go: go_rx });
-        (asked, go)
+        self.add(None, path, false)
     }
 
     /// Holds the next request about `path` before the store sees it; returns (asked, go).
     fn hold_before(&self, path: &str) -> (oneshot::Receiver<()>, oneshot::Sender<()>) {
-        let (asked, go) = self.hold(path);
-        if let Some(h) = self.hold.lock().unwrap().as_mut() {
-            h.before = true;
-        }
+        self.add(None, path, true)
+    }
+
+    /// Holds the next `op` request about `path` before the store sees it; returns (asked, go).
+    fn hold_op_before(&self, op: &'static str, path: &str) -> (oneshot::Receiver<()>, oneshot::Sender<()>) {
+        self.add(Some(op), path, true)
+    }
+
+    fn add(&self, op: Option<&'static str>, path: &str, before: bool) -> (oneshot::Receiver<()>, oneshot::Sender<()>) {
+        let (asked_tx, asked) = oneshot::channel();
+        let (go, go_rx) = oneshot::channel();
+        self.hold.lock().unwrap().push(Hold { path: path.to_string(), op, before, asked: asked_tx, go: go_rx });
         (asked, go)
     }
 
     fn held<T: Send + 'static>(
         &self,
+        op: &'static str,
         path: &str,
         answer: BoxFuture<'static, Result<T, NsError>>,
     ) -> BoxFuture<'static, Result<T, NsError>> {
-        let mut slot = self.hold.lock().unwrap();
-        let Some(hold) = slot.take_if(|h| h.path == path) else { return answer };
+        let mut holds = self.hold.lock().unwrap();
+        let Some(at) = holds.iter().position(|h| h.path == path && h.op.is_none_or(|o| o == op)) else {
+            return answer;
+        };
+        let hold = holds.remove(at);
         Box::pin(async move {
             if hold.before {
                 let _ = hold.asked.send(());
@@ -73,10 +84,10 @@ impl Namespace for Holding {
     }
     fn read_dir(&self, dir: &str) -> BoxFuture<'static, Result<Vec<Node>, NsError>> {
         self.listed.lock().unwrap().push(dir.to_string());
-        self.held(dir, self.inner.read_dir(dir))
+        self.held("read_dir", dir, self.inner.read_dir(dir))
     }
     fn stat(&self, path: &str) -> BoxFuture<'static, Result<Option<Node>, NsError>> {
-        self.held(path, self.inner.stat(path))
+        self.held("stat", path, self.inner.stat(path))
     }
     fn chunk_size(&self) -> u64 {
         self.inner.chunk_size()
@@ -93,7 +104,7 @@ impl Namespace for Holding {
         staged: &std::path::Path,
         note: UploadNote,
     ) -> BoxFuture<'static, Result<Node, NsError>> {
-        self.held(path, self.inner.publish(path, staged, note))
+        self.held("publish", path, self.inner.publish(path, staged, note))
     }
     fn streaming(&self) -> Option<Streaming> {
         self.inner.streaming()
@@ -102,13 +113,14 @@ impl Namespace for Holding {
         self.inner.begin_upload(path)
     }
     fn finish_upload(&self, upload: PartUpload) -> BoxFuture<'static, Result<Node, NsError>> {
-        self.inner.finish_upload(upload)
+        let path = upload.path().to_string();
+        self.held("publish", &path, self.inner.finish_upload(upload))
     }
     fn remove(&self, path: &str) -> BoxFuture<'static, Result<(), NsError>> {
         self.inner.remove(path)
     }
     fn rename(&self, from: &str, known: &Node, to: &str) -> BoxFuture<'static, Result<Node, NsError>> {
-        self.inner.rename(from, known, to)
+        self.held("rename", from, self.inner.rename(from, known, to))
     }
     fn list_tree(&self, dir: &str) -> BoxFuture<'static, Result<Vec<(String, Node)>, NsError>> {
         self.inner.list_tree(dir)
@@ -121,7 +133,7 @@ impl Namespace for Holding {
 fn holding(dir: &std::path::Path, ttl: Option<Duration>) -> (Arc<FsCore>, Arc<Holding>) {
     let mut holding = None;
     let fs = setup_wrapped(dir, 8 << 20, strata_tiering::source::MAX_PARTS, ttl, |inner| {
-        let h = Arc::new(Holding { inner, hold: Mutex::new(None), listed: Mutex::new(Vec::new()) });
+        let h = Arc::new(Holding { inner, hold: Mutex::new(Vec::new()), listed: Mutex::new(Vec::new()) });
         holding = Some(h.clone());
         h
     });
@@ -416,4 +428,76 @@ async fn an_open_beside_a_writer_does_not_wait_for_an_earlier_release() {
     assert!(settled.is_ok(), "the open waited for the earlier release");
     fs.release(second).await.unwrap();
     releasing.await.unwrap().unwrap();
+}
+
+/// A flush of a file that a rename replaces, asked for while the rename is in the store, waits
+/// for it and then has no name to go up under: landing after the rename's copy, it would put
+/// the replaced file's bytes under the new name.
+#[tokio::test]
+async fn a_flush_of_the_file_a_rename_replaces_does_not_land_over_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fs, store) = holding(dir.path(), None);
+    let (_, b) = fs.create(ROOT, "b").await.unwrap();
+    fs.write(b, 0, b"b first").await.unwrap();
+    fs.flush(b).await.unwrap();
+    fs.write(b, 7, b", then more").await.unwrap();
+    let (_, a) = fs.create(ROOT, "a").await.unwrap();
+    fs.write(a, 0, b"from a").await.unwrap();
+    fs.release(a).await.unwrap();
+    let (renamed, go_rename) = store.hold_op_before("rename", "a");
+    let renaming = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.rename(ROOT, "a", ROOT, "b").await }
+    });
+    answered(renamed).await;
+    let (_published, go_publish) = store.hold_op_before("publish", "b");
+    let flushing = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.flush(b).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    go_rename.send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Only a flush that reached the store while the rename was under way is held here.
+    let _ = go_publish.send(());
+    renaming.await.unwrap().unwrap();
+    flushing.await.unwrap().unwrap();
+    fs.release(b).await.unwrap();
+    let cold = |k| super::tests_support::cold(dir.path(), k);
+    assert_eq!(cold("b").as_deref(), Some(&b"from a"[..]), "the replaced file's flush landed over the renamed file");
+    assert_eq!(cold("a"), None);
+    assert_eq!(read_all(&fs, fs.lookup(ROOT, "b").await.unwrap().ino).await, b"from a");
+}
+
+/// A directory rename waits for an older copy of a file inside still going up from its
+/// release, and moves it with the rest, rather than have it land under the old name after.
+#[tokio::test]
+async fn a_directory_rename_waits_for_an_older_copys_upload_inside() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fs, store) = holding(dir.path(), None);
+    let d = fs.mkdir(ROOT, "run").await.unwrap();
+    let (a, first) = fs.create(d.ino, "p").await.unwrap();
+    fs.write(first, 0, b"old").await.unwrap();
+    let (asked, go) = store.hold_before("run/p");
+    let releasing = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.release(first).await }
+    });
+    answered(asked).await;
+    let second = fs.open(a.ino, true, true).unwrap();
+    fs.write(second, 0, b"new").await.unwrap();
+    let renaming = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.rename(ROOT, "run", ROOT, "saved").await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    go.send(()).unwrap();
+    renaming.await.unwrap().unwrap();
+    fs.release(second).await.unwrap();
+    releasing.await.unwrap().unwrap();
+    let cold = |k| super::tests_support::cold(dir.path(), k);
+    assert_eq!(cold("run/p"), None, "the old upload brought the renamed-away name back");
+    assert_eq!(cold("saved/p").as_deref(), Some(&b"new"[..]));
+    let e = fs.lookup(ROOT, "saved").await.unwrap();
+    assert_eq!(read_all(&fs, fs.lookup(e.ino, "p").await.unwrap().ino).await, b"new");
 }

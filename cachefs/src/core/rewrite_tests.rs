@@ -262,3 +262,64 @@ async fn a_rename_during_the_release_of_a_published_file_leaves_nothing_to_repor
     releasing.await.unwrap().unwrap();
     assert_eq!(cold(dir.path(), "ckpt").unwrap(), b"weights");
 }
+
+/// A file whose upload failed, renamed over while still open, has nothing left to keep or
+/// report at its release: the name is the renamed file's, and keeps showing it.
+#[tokio::test]
+async fn a_failed_copy_renamed_over_while_open_leaves_the_name_to_the_file_renamed_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = setup(dir.path());
+    let d = fs.lookup(ROOT, "d").await.unwrap();
+    let e = fs.lookup(d.ino, "e").await.unwrap();
+    let (_, failed) = fs.create(e.ino, "ckpt").await.unwrap();
+    fs.write(failed, 0, b"lost").await.unwrap();
+    // A file where the object's directory was refuses the object.
+    let (real, away) = (dir.path().join("cold/d/e"), dir.path().join("cold/d/e.away"));
+    std::fs::rename(&real, &away).unwrap();
+    std::fs::write(&real, b"not a directory").unwrap();
+    assert!(matches!(fs.flush(failed).await, Err(FsError::Publish { .. })));
+    std::fs::remove_file(&real).unwrap();
+    std::fs::rename(&away, &real).unwrap();
+
+    let (_, tmp) = fs.create(e.ino, "ckpt.tmp").await.unwrap();
+    fs.write(tmp, 0, b"the new one").await.unwrap();
+    fs.release(tmp).await.unwrap();
+    fs.rename(e.ino, "ckpt.tmp", e.ino, "ckpt").await.unwrap();
+    let renamed = fs.lookup(e.ino, "ckpt").await.unwrap().ino;
+    fs.release(failed).await.unwrap();
+    assert_eq!(fs.lookup(e.ino, "ckpt").await.unwrap().ino, renamed, "the failed file took its old name back");
+    let reader = fs.open(renamed, false, false).unwrap();
+    assert_eq!(fs.read(reader, 0, 100).await.unwrap(), &b"the new one"[..]);
+    fs.release(reader).await.unwrap();
+    assert_eq!(cold(dir.path(), "d/e/ckpt").as_deref(), Some(&b"the new one"[..]));
+    let report = fs.recover_staged(true).await;
+    assert!(report.is_empty(), "a copy renamed over is reported: {report:?}");
+}
+
+/// A rename of a file being written again, whose old object cannot be deleted, fails whole:
+/// the name keeps its file and its object, and the rewrite still goes up under it.
+#[tokio::test]
+async fn a_rename_of_a_rewrite_whose_old_object_cannot_go_fails_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = setup(dir.path());
+    let d = fs.lookup(ROOT, "d").await.unwrap();
+    let e = fs.lookup(d.ino, "e").await.unwrap();
+    let object = dir.path().join("cold/d/e/kept");
+    std::fs::write(&object, b"the object as it was").unwrap();
+    let kept = fs.lookup(e.ino, "kept").await.unwrap();
+    let fh = fs.open(kept.ino, true, true).unwrap();
+    fs.write(fh, 0, b"rewritten").await.unwrap();
+    // A directory with something in it where the object was cannot be deleted as an object.
+    std::fs::remove_file(&object).unwrap();
+    std::fs::create_dir_all(object.join("x")).unwrap();
+    let renamed = fs.rename(e.ino, "kept", e.ino, "moved").await;
+    assert!(renamed.is_err(), "the rename went ahead without the old object's delete");
+    std::fs::remove_dir_all(&object).unwrap();
+    std::fs::write(&object, b"the object as it was").unwrap();
+    assert!(matches!(fs.lookup(e.ino, "moved").await, Err(FsError::NotFound)));
+    assert_eq!(fs.lookup(e.ino, "kept").await.unwrap().ino, kept.ino);
+    fs.flush(fh).await.unwrap();
+    fs.release(fh).await.unwrap();
+    assert_eq!(cold(dir.path(), "d/e/kept").as_deref(), Some(&b"rewritten"[..]));
+    assert_eq!(cold(dir.path(), "d/e/moved"), None);
+}
