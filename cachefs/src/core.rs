@@ -673,6 +673,11 @@ impl FsCore {
             // An empty object has nothing to preserve, so writing it is a whole rewrite too; this
             // keeps create-close-reopen tools (fio, `touch` then write) working.
             (true, None) if truncate || i.node.size == 0 => {
+                // A file unlinked or renamed over while open has no name to go up under: a
+                // copy of its own would land over whatever has that name now.
+                if !self.named(ino, &i.path) {
+                    return Err(FsError::NotFound);
+                }
                 let s = self.new_staged(ino, &i.path)?;
                 writers.insert(ino, s.clone());
                 (Some(s), false, true)
@@ -701,9 +706,10 @@ impl FsCore {
         Ok(())
     }
 
-    /// Every staged copy of a file, the writers' first and then those closing, each once. Read
-    /// under both locks at once, in the order `release` takes them: a copy moving from one map
-    /// to the other in between would be seen twice, and locked twice.
+    /// Every staged copy of a file, each once, in an order that does not change as copies move
+    /// from the writers to the closing list, so that two callers holding them all take them
+    /// alike. Read under both locks at once, in the order `release` takes them: a copy moving
+    /// from one map to the other in between would be seen twice, and locked twice.
     fn copies_of(&self, ino: u64) -> Vec<Arc<tokio::sync::Mutex<Staged>>> {
         let writers = self.writers.lock().unwrap_or_else(|p| p.into_inner());
         let closing = self.closing.lock().unwrap_or_else(|p| p.into_inner());
@@ -713,6 +719,7 @@ impl FsCore {
                 out.push(c.clone());
             }
         }
+        out.sort_by_key(|c| Arc::as_ptr(c) as usize);
         out
     }
 
@@ -798,6 +805,11 @@ impl FsCore {
                 None
             }
         }
+    }
+
+    /// Whether `path` is still this inode's name.
+    fn named(&self, ino: u64, path: &str) -> bool {
+        self.inodes.read().unwrap_or_else(|p| p.into_inner()).by_path.get(path) == Some(&ino)
     }
 
     fn has_handles(&self, ino: u64) -> bool {
@@ -1441,18 +1453,27 @@ impl FsCore {
         drop(staged);
         // A file the rename replaced that is still open for writing is now nameless, as after
         // an unlink: its writer's close must not upload over the file renamed into its place.
-        // Its copies held above are dropped before they are let go; one made meanwhile, by an
-        // open that truncated it, is found below.
-        for s in replaced_held.iter_mut() {
-            s.discard();
-        }
-        drop(replaced_held);
+        // Its copies are dropped before they are let go, those held above and any an open made
+        // while the rename ran; none can be made from now on (`open` wants a name).
         if let Some(old) = replaced.filter(|r| r.ino != src.ino) {
-            let displaced = self.writers.lock().unwrap_or_else(|p| p.into_inner()).remove(&old.ino);
-            let closing = self.closing.lock().unwrap_or_else(|p| p.into_inner()).get(&old.ino).cloned();
-            for w in displaced.into_iter().chain(closing.into_iter().flatten()) {
-                w.lock().await.discard();
+            loop {
+                let made: Vec<_> = self
+                    .copies_of(old.ino)
+                    .into_iter()
+                    .filter(|c| !replaced_held.iter().any(|h| Arc::ptr_eq(tokio::sync::OwnedMutexGuard::mutex(h), c)))
+                    .collect();
+                if made.is_empty() {
+                    break;
+                }
+                for c in made {
+                    replaced_held.push(c.lock_owned().await);
+                }
             }
+            for s in replaced_held.iter_mut() {
+                s.discard();
+            }
+            self.writers.lock().unwrap_or_else(|p| p.into_inner()).remove(&old.ino);
+            drop(replaced_held);
             self.published.lock().unwrap_or_else(|p| p.into_inner()).remove(&old.ino);
         }
         let to_path = to;

@@ -123,7 +123,7 @@ impl Namespace for Holding {
         self.held("rename", from, self.inner.rename(from, known, to))
     }
     fn list_tree(&self, dir: &str) -> BoxFuture<'static, Result<Vec<(String, Node)>, NsError>> {
-        self.inner.list_tree(dir)
+        self.held("list_tree", dir, self.inner.list_tree(dir))
     }
     fn copy(&self, from: &str, listed: &Node, to: &str) -> BoxFuture<'static, Result<Node, NsError>> {
         self.inner.copy(from, listed, to)
@@ -432,41 +432,54 @@ async fn an_open_beside_a_writer_does_not_wait_for_an_earlier_release() {
 
 /// A flush of a file that a rename replaces, asked for while the rename is in the store, waits
 /// for it and then has no name to go up under: landing after the rename's copy, it would put
-/// the replaced file's bytes under the new name.
+/// the replaced file's bytes under the new name. Either file may have the lower inode number,
+/// which decides which of them the rename holds first.
 #[tokio::test]
 async fn a_flush_of_the_file_a_rename_replaces_does_not_land_over_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let (fs, store) = holding(dir.path(), None);
-    let (_, b) = fs.create(ROOT, "b").await.unwrap();
-    fs.write(b, 0, b"b first").await.unwrap();
-    fs.flush(b).await.unwrap();
-    fs.write(b, 7, b", then more").await.unwrap();
-    let (_, a) = fs.create(ROOT, "a").await.unwrap();
-    fs.write(a, 0, b"from a").await.unwrap();
-    fs.release(a).await.unwrap();
-    let (renamed, go_rename) = store.hold_op_before("rename", "a");
-    let renaming = tokio::spawn({
-        let fs = fs.clone();
-        async move { fs.rename(ROOT, "a", ROOT, "b").await }
-    });
-    answered(renamed).await;
-    let (_published, go_publish) = store.hold_op_before("publish", "b");
-    let flushing = tokio::spawn({
-        let fs = fs.clone();
-        async move { fs.flush(b).await }
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    go_rename.send(()).unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // Only a flush that reached the store while the rename was under way is held here.
-    let _ = go_publish.send(());
-    renaming.await.unwrap().unwrap();
-    flushing.await.unwrap().unwrap();
-    fs.release(b).await.unwrap();
-    let cold = |k| super::tests_support::cold(dir.path(), k);
-    assert_eq!(cold("b").as_deref(), Some(&b"from a"[..]), "the replaced file's flush landed over the renamed file");
-    assert_eq!(cold("a"), None);
-    assert_eq!(read_all(&fs, fs.lookup(ROOT, "b").await.unwrap().ino).await, b"from a");
+    for replaced_first in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (fs, store) = holding(dir.path(), None);
+        let (a, b) = if replaced_first {
+            let b = fs.create(ROOT, "b").await.unwrap().1;
+            (fs.create(ROOT, "a").await.unwrap().1, b)
+        } else {
+            let a = fs.create(ROOT, "a").await.unwrap().1;
+            (a, fs.create(ROOT, "b").await.unwrap().1)
+        };
+        fs.write(b, 0, b"b first").await.unwrap();
+        fs.flush(b).await.unwrap();
+        fs.write(b, 7, b", then more").await.unwrap();
+        fs.write(a, 0, b"from a").await.unwrap();
+        fs.release(a).await.unwrap();
+        let (renamed, go_rename) = store.hold_op_before("rename", "a");
+        let renaming = tokio::spawn({
+            let fs = fs.clone();
+            async move { fs.rename(ROOT, "a", ROOT, "b").await }
+        });
+        answered(renamed).await;
+        let (_published, go_publish) = store.hold_op_before("publish", "b");
+        let flushing = tokio::spawn({
+            let fs = fs.clone();
+            async move { fs.flush(b).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        go_rename.send(()).unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Only a flush that reached the store while the rename was under way is held here.
+        let _ = go_publish.send(());
+        renaming.await.unwrap().unwrap();
+        flushing.await.unwrap().unwrap();
+        let cold = |k| super::tests_support::cold(dir.path(), k);
+        let order = if replaced_first { "replaced file first" } else { "renamed file first" };
+        assert_eq!(cold("b").as_deref(), Some(&b"from a"[..]), "{order}: the replaced file's flush landed over it");
+        // Nor can the replaced file, now nameless, start a copy of its own to land there.
+        let nameless = fs.open(fs.handle(b).unwrap().ino, true, true);
+        assert!(matches!(nameless, Err(FsError::NotFound)), "{order}: {nameless:?}");
+        fs.release(b).await.unwrap();
+        assert_eq!(cold("b").as_deref(), Some(&b"from a"[..]), "{order}");
+        assert_eq!(cold("a"), None, "{order}");
+        assert_eq!(read_all(&fs, fs.lookup(ROOT, "b").await.unwrap().ino).await, b"from a", "{order}");
+    }
 }
 
 /// A directory rename waits for an older copy of a file inside still going up from its
@@ -486,13 +499,22 @@ async fn a_directory_rename_waits_for_an_older_copys_upload_inside() {
     answered(asked).await;
     let second = fs.open(a.ino, true, true).unwrap();
     fs.write(second, 0, b"new").await.unwrap();
+    let (listed, go_list) = store.hold_op_before("list_tree", "run");
     let renaming = tokio::spawn({
         let fs = fs.clone();
         async move { fs.rename(ROOT, "run", ROOT, "saved").await }
     });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    go.send(()).unwrap();
-    renaming.await.unwrap().unwrap();
+    // A rename that did not wait lists the tree before the old upload lands: let it copy and
+    // finish first. One that waits lists nothing until the upload is let go.
+    if tokio::time::timeout(Duration::from_secs(2), listed).await.is_ok() {
+        go_list.send(()).unwrap();
+        renaming.await.unwrap().unwrap();
+        go.send(()).unwrap();
+    } else {
+        go.send(()).unwrap();
+        go_list.send(()).unwrap();
+        renaming.await.unwrap().unwrap();
+    }
     fs.release(second).await.unwrap();
     releasing.await.unwrap().unwrap();
     let cold = |k| super::tests_support::cold(dir.path(), k);
