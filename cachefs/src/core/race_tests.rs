@@ -163,6 +163,28 @@ async fn listing_held(
     (e, listing, go)
 }
 
+/// A file `name` in `parent` written with `content` and closed, with the store holding its
+/// release's upload (`before` the store sees it, or once it has answered): the file's inode,
+/// the release still under way, and what lets the upload go on.
+async fn a_release_held(
+    fs: &Arc<FsCore>,
+    store: &Holding,
+    (parent, name): (u64, &str),
+    content: &[u8],
+    before: bool,
+) -> (u64, tokio::task::JoinHandle<Result<(), FsError>>, oneshot::Sender<()>) {
+    let (a, fh) = fs.create(parent, name).await.unwrap();
+    fs.write(fh, 0, content).await.unwrap();
+    let path = join(&fs.inode(parent).unwrap().path, name);
+    let (asked, go) = if before { store.hold_before(&path) } else { store.hold(&path) };
+    let releasing = tokio::spawn({
+        let fs = fs.clone();
+        async move { fs.release(fh).await }
+    });
+    answered(asked).await;
+    (a.ino, releasing, go)
+}
+
 async fn read_all(fs: &FsCore, ino: u64) -> Vec<u8> {
     let fh = fs.open(ino, false, false).unwrap();
     let got = fs.read(fh, 0, 1 << 20).await.unwrap().to_vec();
@@ -282,24 +304,17 @@ async fn a_change_in_another_directory_does_not_make_a_listing_start_over() {
 async fn a_truncating_open_during_a_release_writes_a_copy_of_its_own_that_lands_last() {
     let dir = tempfile::tempdir().unwrap();
     let (fs, store) = holding(dir.path(), None);
-    let (a, first) = fs.create(ROOT, "latest").await.unwrap();
     // Written by a process that is not the opener, so the close's flush left it to the release.
-    fs.write(first, 0, b"step 100, from the release").await.unwrap();
-    let (asked, go) = store.hold("latest");
-    let releasing = tokio::spawn({
-        let fs = fs.clone();
-        async move { fs.release(first).await }
-    });
-    answered(asked).await;
+    let (a, releasing, go) = a_release_held(&fs, &store, (ROOT, "latest"), b"step 100, from the release", false).await;
 
     // What the FUSE layer does for `open(O_TRUNC)`.
-    if fs.staging(a.ino) {
-        tokio::time::timeout(Duration::from_secs(2), fs.truncate_staged(a.ino))
+    if fs.staging(a) {
+        tokio::time::timeout(Duration::from_secs(2), fs.truncate_staged(a))
             .await
             .expect("an O_TRUNC open waited on the copy being released")
             .unwrap();
     }
-    let second = fs.open(a.ino, true, true).unwrap();
+    let second = fs.open(a, true, true).unwrap();
     fs.write(second, 0, b"step 200").await.unwrap();
     let flushing = tokio::spawn({
         let fs = fs.clone();
@@ -312,7 +327,7 @@ async fn a_truncating_open_during_a_release_writes_a_copy_of_its_own_that_lands_
     releasing.await.unwrap().unwrap();
 
     assert_eq!(super::tests_support::cold(dir.path(), "latest").unwrap(), b"step 200");
-    assert_eq!(read_all(&fs, a.ino).await, b"step 200");
+    assert_eq!(read_all(&fs, a).await, b"step 200");
     assert!(std::fs::read_dir(dir.path().join("staging")).unwrap().next().is_none(), "nothing left staged");
 }
 
@@ -322,15 +337,8 @@ async fn a_truncating_open_during_a_release_writes_a_copy_of_its_own_that_lands_
 async fn releases_uploading_at_once_land_in_the_order_their_copies_were_made() {
     let dir = tempfile::tempdir().unwrap();
     let (fs, store) = holding(dir.path(), None);
-    let (a, first) = fs.create(ROOT, "latest").await.unwrap();
-    fs.write(first, 0, b"step 100").await.unwrap();
-    let (asked, go) = store.hold("latest");
-    let first_release = tokio::spawn({
-        let fs = fs.clone();
-        async move { fs.release(first).await }
-    });
-    answered(asked).await;
-    let second = fs.open(a.ino, true, true).unwrap();
+    let (a, first_release, go) = a_release_held(&fs, &store, (ROOT, "latest"), b"step 100", false).await;
+    let second = fs.open(a, true, true).unwrap();
     fs.write(second, 0, b"step 200").await.unwrap();
     let second_release = tokio::spawn({
         let fs = fs.clone();
@@ -341,7 +349,7 @@ async fn releases_uploading_at_once_land_in_the_order_their_copies_were_made() {
     second_release.await.unwrap().unwrap();
     first_release.await.unwrap().unwrap();
     assert_eq!(super::tests_support::cold(dir.path(), "latest").unwrap(), b"step 200");
-    assert_eq!(read_all(&fs, a.ino).await, b"step 200");
+    assert_eq!(read_all(&fs, a).await, b"step 200");
 }
 
 /// An open for reading while a close's upload of the file is under way waits for it, and
@@ -379,15 +387,8 @@ async fn a_read_open_during_a_releases_upload_reads_what_it_uploaded() {
 async fn a_rename_waits_for_an_older_copys_upload() {
     let dir = tempfile::tempdir().unwrap();
     let (fs, store) = holding(dir.path(), None);
-    let (a, first) = fs.create(ROOT, "p").await.unwrap();
-    fs.write(first, 0, b"old").await.unwrap();
-    let (asked, go) = store.hold_before("p");
-    let releasing = tokio::spawn({
-        let fs = fs.clone();
-        async move { fs.release(first).await }
-    });
-    answered(asked).await;
-    let second = fs.open(a.ino, true, true).unwrap();
+    let (a, releasing, go) = a_release_held(&fs, &store, (ROOT, "p"), b"old", true).await;
+    let second = fs.open(a, true, true).unwrap();
     fs.write(second, 0, b"new").await.unwrap();
     let renaming = tokio::spawn({
         let fs = fs.clone();
@@ -489,15 +490,8 @@ async fn a_directory_rename_waits_for_an_older_copys_upload_inside() {
     let dir = tempfile::tempdir().unwrap();
     let (fs, store) = holding(dir.path(), None);
     let d = fs.mkdir(ROOT, "run").await.unwrap();
-    let (a, first) = fs.create(d.ino, "p").await.unwrap();
-    fs.write(first, 0, b"old").await.unwrap();
-    let (asked, go) = store.hold_before("run/p");
-    let releasing = tokio::spawn({
-        let fs = fs.clone();
-        async move { fs.release(first).await }
-    });
-    answered(asked).await;
-    let second = fs.open(a.ino, true, true).unwrap();
+    let (a, releasing, go) = a_release_held(&fs, &store, (d.ino, "p"), b"old", true).await;
+    let second = fs.open(a, true, true).unwrap();
     fs.write(second, 0, b"new").await.unwrap();
     let (listed, go_list) = store.hold_op_before("list_tree", "run");
     let renaming = tokio::spawn({
