@@ -1637,6 +1637,20 @@ mod tests_support {
     use strata_tiering::units::ByteSize;
     use strata_tiering::{CacheConfig, Policy, TierConfig};
 
+    /// Makes the cold store of [`setup`] refuse every object under the directory `rel`, until
+    /// [`unblock_uploads`]: a file where the directory was refuses them, even to root.
+    pub fn block_uploads(dir: &std::path::Path, rel: &str) {
+        let (real, away) = (dir.join("cold").join(rel), dir.join("cold").join(format!("{rel}.away")));
+        std::fs::rename(&real, &away).unwrap();
+        std::fs::write(&real, b"not a directory").unwrap();
+    }
+
+    pub fn unblock_uploads(dir: &std::path::Path, rel: &str) {
+        let (real, away) = (dir.join("cold").join(rel), dir.join("cold").join(format!("{rel}.away")));
+        std::fs::remove_file(&real).unwrap();
+        std::fs::rename(&away, &real).unwrap();
+    }
+
     /// What the cold store of [`setup`] holds at `rel`.
     pub fn cold(dir: &std::path::Path, rel: &str) -> Option<Vec<u8>> {
         std::fs::read(dir.join("cold").join(rel)).ok()
@@ -1781,7 +1795,7 @@ mod tests {
 
 #[cfg(test)]
 mod write_tests {
-    use super::tests_support::{cold, setup};
+    use super::tests_support::{block_uploads, cold, setup, unblock_uploads};
     use super::*;
 
     #[tokio::test]
@@ -1918,16 +1932,8 @@ mod write_tests {
         let e = dir_e(&fs).await;
         let (_, fh) = fs.create(e.ino, "ckpt").await.unwrap();
         fs.write(fh, 0, b"lost").await.unwrap();
-        // A file where the object's directory was refuses the object, even to root.
-        let (real, away) = (dir.path().join("cold/d/e"), dir.path().join("cold/d/e.away"));
-        let block = || {
-            std::fs::rename(&real, &away).unwrap();
-            std::fs::write(&real, b"not a directory").unwrap();
-        };
-        let unblock = || {
-            std::fs::remove_file(&real).unwrap();
-            std::fs::rename(&away, &real).unwrap();
-        };
+        let block = || block_uploads(dir.path(), "d/e");
+        let unblock = || unblock_uploads(dir.path(), "d/e");
         block();
         assert!(matches!(fs.flush(fh).await, Err(FsError::Publish { .. })), "the failed upload is flush's error");
         unblock();

@@ -90,16 +90,16 @@ impl FsCore {
         };
         let _renaming: Vec<Renaming<'_>> =
             inside.iter().map(|(_, ino)| Renaming::start(&self.renaming, *ino)).collect();
-        // Older copies of a file inside, still going up from their releases, land before the
-        // tree is copied, and so are copied with it: after the copy, they would bring the old
-        // name back. The newest copy of each is held below instead.
-        for (_, ino) in &inside {
-            let newest = self.staged_of(*ino);
-            self.wait_uploads(*ino, newest.as_ref()).await;
-        }
         let mut writers: Vec<(u64, std::sync::Arc<tokio::sync::Mutex<crate::staging::Staged>>)> =
             inside.iter().filter_map(|(_, ino)| self.staged_of(*ino).map(|s| (*ino, s))).collect();
         writers.sort_by_key(|(ino, _)| *ino);
+        // Older copies of a file inside, still going up from their releases, land before the
+        // tree is copied, and so are copied with it: after the copy, they would bring the old
+        // name back. The newest copy of each is held below instead; a file with none has no
+        // older ones either.
+        for (ino, newest) in &writers {
+            self.wait_uploads(*ino, Some(newest)).await;
+        }
         let mut held = Vec::with_capacity(writers.len());
         for (_, s) in &writers {
             held.push(s.clone().lock_owned().await);

@@ -2,7 +2,7 @@
 //! it is still under way: the object holds one version whole, and the cache holds the bytes
 //! of the version its keys name.
 
-use super::tests_support::{cold, setup};
+use super::tests_support::{block_uploads, cold, setup, unblock_uploads};
 use super::*;
 
 #[tokio::test]
@@ -103,13 +103,9 @@ async fn a_failed_fsync_is_recorded_before_the_file_is_closed() {
     let d = fs.lookup(ROOT, "d").await.unwrap();
     let (_, fh) = fs.create(d.ino, "ckpt").await.unwrap();
     fs.write(fh, 0, b"told it failed").await.unwrap();
-    // A file where the object's directory goes refuses the object, even to root.
-    let (real, away) = (dir.path().join("cold/d"), dir.path().join("cold/d.away"));
-    std::fs::rename(&real, &away).unwrap();
-    std::fs::write(&real, b"not a directory").unwrap();
+    block_uploads(dir.path(), "d");
     assert!(matches!(fs.flush(fh).await, Err(FsError::Publish { .. })));
-    std::fs::remove_file(&real).unwrap();
-    std::fs::rename(&away, &real).unwrap();
+    unblock_uploads(dir.path(), "d");
     // The crash: the handle is never released. A restart finds the staging dir as it is now.
     let report = fs.recover_staged(true).await;
     assert!(cold(dir.path(), "d/ckpt").is_none(), "a restart uploaded it");
@@ -273,13 +269,9 @@ async fn a_failed_copy_renamed_over_while_open_leaves_the_name_to_the_file_renam
     let e = fs.lookup(d.ino, "e").await.unwrap();
     let (_, failed) = fs.create(e.ino, "ckpt").await.unwrap();
     fs.write(failed, 0, b"lost").await.unwrap();
-    // A file where the object's directory was refuses the object.
-    let (real, away) = (dir.path().join("cold/d/e"), dir.path().join("cold/d/e.away"));
-    std::fs::rename(&real, &away).unwrap();
-    std::fs::write(&real, b"not a directory").unwrap();
+    block_uploads(dir.path(), "d/e");
     assert!(matches!(fs.flush(failed).await, Err(FsError::Publish { .. })));
-    std::fs::remove_file(&real).unwrap();
-    std::fs::rename(&away, &real).unwrap();
+    unblock_uploads(dir.path(), "d/e");
 
     let (_, tmp) = fs.create(e.ino, "ckpt.tmp").await.unwrap();
     fs.write(tmp, 0, b"the new one").await.unwrap();
