@@ -170,6 +170,7 @@ pub async fn fetch_toc(
             whole.extend_from_slice(&piece);
             if let (Some(scan), Some(tell)) = (scan.as_mut(), on_landmark.as_mut())
                 && let Some(at) = scan.feed(&piece)
+                && at < footer.data_end
             {
                 tell(at);
             }
@@ -233,11 +234,17 @@ pub async fn check_toc(
     opts: &RemoteOptions,
 ) -> Result<CheckedToc, RemoteError> {
     let fmt_err = |source| RemoteError::Format { image: image.to_string(), layer: digest.to_owned(), source };
-    let (bytes, limit, want, compression) =
-        (member.bytes.clone(), opts.max_toc_size, toc_digest.to_owned(), member.footer.compression);
+    let (bytes, limit, want, compression, data_end) = (
+        member.bytes.clone(),
+        opts.max_toc_size,
+        toc_digest.to_owned(),
+        member.footer.compression,
+        member.footer.data_end,
+    );
     tokio::task::spawn_blocking(move || {
         let json = estargz::verified_toc_json(&bytes, compression, &want, limit)?;
-        let landmark_hint = estargz::hint::prefetch_landmark(&json);
+        // A landmark outside the data is refused by the parse: its region is not asked for.
+        let landmark_hint = estargz::hint::prefetch_landmark(&json).filter(|&end| end < data_end);
         Ok(CheckedToc { json, landmark_hint })
     })
     .await

@@ -165,7 +165,9 @@ fn chunk_ranges(
         }
     }
     let ends = starts.iter().skip(1).copied().chain([end.unwrap_or(data_end)]);
-    Some(starts.iter().zip(ends).map(|(&s, e)| s..e).collect())
+    let ranges: Vec<_> = starts.iter().zip(ends).map(|(&s, e)| s..e).collect();
+    // A range out of the blob's data is no chunk the parse could confirm: not asked for.
+    ranges.iter().all(|r| r.start < r.end && r.end <= data_end).then_some(ranges)
 }
 
 /// JSON scanned at most while a TOC member arrives. Start-up entries come first in a TOC, so
@@ -338,6 +340,11 @@ mod tests {
         ] {
             assert_eq!(file_chunks(&json, path, 1 << 20, 500), None, "{why}");
         }
+        // The parse refuses a TOC whose data would run past where the data ends; its hint
+        // asks for none of it.
+        assert!(super::super::toc::parse_toc(&json, 350).is_err());
+        assert_eq!(file_chunks(&json, "usr/bin/python3.11", 1 << 20, 350), None, "a chunk past the data");
+        assert_eq!(file_chunks(&json, "usr/lib/x", 1 << 20, 400), None, "a chunk at the data's end");
     }
 
     #[test]

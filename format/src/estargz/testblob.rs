@@ -47,7 +47,8 @@ pub fn tar_header(name: &str, size: u64) -> Vec<u8> {
 /// Files given as (name, content, chunk size); other entries as raw TOC JSON objects. Each
 /// chunk gets its own member. Returns the blob and its TOC.
 pub fn build(files: &[(&str, &[u8], usize)], extra_entries: &[serde_json::Value]) -> Built {
-    let mut blob = Vec::new();
+    // The blob starts, as a writer's does, with a member of tar headers: no data is at byte 0.
+    let mut blob = gz(&tar_header("./", 0));
     let mut entries: Vec<serde_json::Value> = extra_entries.to_vec();
     for (name, content, chunk) in files {
         for (n, piece) in content.chunks(*chunk).enumerate() {

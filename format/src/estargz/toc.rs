@@ -303,14 +303,17 @@ pub fn parse_toc(json: &[u8], toc_offset: u64) -> Result<Toc, FormatError> {
             continue;
         }
         if path == PREFETCH_LANDMARK || path == NO_PREFETCH_LANDMARK {
-            if r.offset > 0 {
-                other_starts.push(r.offset as u64);
+            let offset = non_negative(&r.name, "offset", r.offset)?;
+            // A landmark's member holds its one byte, so it starts before the TOC. One past it
+            // would end the chunk before it beyond the blob's data, where a reader would fetch
+            // and hold bytes that are not a chunk.
+            if offset > 0 {
+                if offset >= toc_offset {
+                    return Err(entry_err(&path, format!("its offset {offset} is not before the TOC at {toc_offset}")));
+                }
+                other_starts.push(offset);
             }
-            landmark = if path == PREFETCH_LANDMARK {
-                Landmark::Prefetch { offset: non_negative(&r.name, "offset", r.offset)? }
-            } else {
-                Landmark::NoPrefetch
-            };
+            landmark = if path == PREFETCH_LANDMARK { Landmark::Prefetch { offset } } else { Landmark::NoPrefetch };
             continue;
         }
         if path.is_empty() && r.kind != "dir" {
@@ -389,23 +392,32 @@ pub fn parse_toc(json: &[u8], toc_offset: u64) -> Result<Toc, FormatError> {
     }
     let mut entries = b.entries;
     set_compressed_ends(&mut entries, toc_offset, &other_starts)?;
-    if let Landmark::Prefetch { offset } = landmark
-        && offset > toc_offset
-    {
-        return Err(entry_err(PREFETCH_LANDMARK, "its offset is past the TOC"));
-    }
     Ok(Toc { entries, landmark, toc_offset })
 }
 
 fn raw_chunk(name: &str, r: &RawEntry<'_>) -> Result<Chunk, FormatError> {
     digest_field(name, "chunkDigest", &r.chunk_digest)?;
+    let (offset, inner_offset) =
+        (non_negative(name, "offset", r.offset)?, non_negative(name, "innerOffset", r.inner_offset)?);
+    // Writers leave out an offset of 0 (omitempty), so a missing one reads as 0. Data never
+    // starts there: the blob's first bytes are the first entry's tar header. A chunk said to
+    // start there is a TOC that lost its offsets, and its range would be a guess.
+    if offset == 0 && inner_offset == 0 {
+        return Err(entry_err(
+            name,
+            format!(
+                "its chunk at {} has no offset in the blob (byte 0 is the first tar header, never data)",
+                r.chunk_offset.max(0)
+            ),
+        ));
+    }
     Ok(Chunk {
         file_offset: non_negative(name, "chunkOffset", r.chunk_offset)?,
         // 0 means "to the end of the file"; finish_file fills it in.
         size: non_negative(name, "chunkSize", r.chunk_size)?,
-        offset: non_negative(name, "offset", r.offset)?,
+        offset,
         compressed_end: 0,
-        inner_offset: non_negative(name, "innerOffset", r.inner_offset)?,
+        inner_offset,
         digest: r.chunk_digest.to_string(),
     })
 }
@@ -569,9 +581,23 @@ fn set_compressed_ends(entries: &mut [Entry], toc_offset: u64, other_starts: &[u
     starts.dedup();
     // What each member must yield: the furthest chunk end of the chunks inside it.
     let mut need: HashMap<u64, u64> = HashMap::default();
-    for c in entries.iter().flat_map(|e| e.chunks.iter()) {
-        let n = need.entry(c.offset).or_default();
-        *n = (*n).max(c.inner_offset.saturating_add(c.size));
+    // Where each chunk's data starts. Two chunks that start at one place would be the same
+    // bytes: a writer never puts them there, and one of them is not where the TOC says.
+    let mut start_of: HashMap<(u64, u64), &str> = HashMap::default();
+    for e in entries.iter() {
+        for c in &e.chunks {
+            let n = need.entry(c.offset).or_default();
+            *n = (*n).max(c.inner_offset.saturating_add(c.size));
+            if let Some(other) = start_of.insert((c.offset, c.inner_offset), &e.path) {
+                return Err(entry_err(
+                    &e.path,
+                    format!(
+                        "its chunk at {} starts at {} (inner offset {}), where a chunk of {other:?} starts too",
+                        c.file_offset, c.offset, c.inner_offset
+                    ),
+                ));
+            }
+        }
     }
     for e in entries.iter_mut() {
         for c in &mut e.chunks {
@@ -580,6 +606,17 @@ fn set_compressed_ends(entries: &mut [Entry], toc_offset: u64, other_starts: &[u
             }
             let next = starts.partition_point(|&s| s <= c.offset);
             c.compressed_end = starts.get(next).copied().unwrap_or(toc_offset);
+            // The invariant every reader relies on: what it fetches for a chunk is data, in
+            // the blob, before the TOC. The checks above keep it; this keeps it for certain.
+            if c.compressed_end > toc_offset || c.offset >= c.compressed_end {
+                return Err(entry_err(
+                    &e.path,
+                    format!(
+                        "its chunk at {} spans {}..{}, not inside the data before the TOC at {toc_offset}",
+                        c.file_offset, c.offset, c.compressed_end
+                    ),
+                ));
+            }
             // A chunk's range is fetched and held whole. Compressed, a member is never much
             // larger than what it holds: its chunks, then the headers of the entries that
             // follow (a run of directories and links). A range far larger is not a chunk but
@@ -684,6 +721,79 @@ mod tests {
         assert_eq!(entry(&toc, "b").chunks[0].compressed_end, 200);
     }
 
+    /// The fuzzer's find, kept as its seed: a file with no offset (so 0), and a landmark past
+    /// the TOC, made a chunk of 0..3030 in a 217-byte input, which a reader would fetch.
+    #[test]
+    fn the_fuzz_find_of_a_chunk_past_the_toc_is_refused() {
+        let json = include_bytes!("../../../fuzz/seeds/toc/no-offset-landmark-past-toc.json");
+        let e = parse_toc(json, json.len() as u64).unwrap_err().to_string();
+        assert!(e.starts_with("TOC entry \"a\"") && e.contains("no offset"), "{e}");
+    }
+
+    fn toc_json(entries: serde_json::Value) -> Vec<u8> {
+        serde_json::to_vec(&json!({"version": 1, "entries": entries})).unwrap()
+    }
+
+    #[test]
+    fn a_landmark_at_or_past_the_toc_is_refused() {
+        let d = super::super::sha256_digest(b"abcd");
+        for name in [PREFETCH_LANDMARK, NO_PREFETCH_LANDMARK] {
+            for at in [200, 3030] {
+                let json = toc_json(json!([
+                    {"name": "a", "type": "reg", "size": 4, "offset": 10, "chunkDigest": d},
+                    {"name": name, "type": "reg", "size": 1, "offset": at, "chunkDigest": d},
+                ]));
+                let e = parse_toc(&json, 200).unwrap_err().to_string();
+                assert_eq!(e, format!("TOC entry {name:?}: its offset {at} is not before the TOC at 200"));
+            }
+        }
+    }
+
+    #[test]
+    fn a_chunk_with_no_offset_is_refused_unless_it_is_inside_the_first_member() {
+        let d = super::super::sha256_digest(b"abcd");
+        for offset in [json!(0), serde_json::Value::Null] {
+            let mut file = json!({"name": "a", "type": "reg", "size": 4, "chunkDigest": d});
+            if !offset.is_null() {
+                file["offset"] = offset;
+            }
+            let e = parse_toc(&toc_json(json!([file])), 200).unwrap_err().to_string();
+            assert!(e.starts_with("TOC entry \"a\": its chunk at 0 has no offset"), "{e}");
+        }
+        let chunked = toc_json(json!([
+            {"name": "a", "type": "reg", "size": 8, "offset": 10, "chunkSize": 4, "chunkDigest": d},
+            {"name": "a", "type": "chunk", "chunkOffset": 4, "chunkDigest": d},
+        ]));
+        let e = parse_toc(&chunked, 200).unwrap_err().to_string();
+        assert!(e.starts_with("TOC entry \"a\": its chunk at 4 has no offset"), "{e}");
+        // Packed small files (min chunk size): the first one's data is in the blob's first
+        // member, after the headers, at an inner offset.
+        let packed = toc_json(json!([{"name": "a", "type": "reg", "size": 4, "innerOffset": 512, "chunkDigest": d}]));
+        let toc = parse_toc(&packed, 200).unwrap();
+        assert_eq!((toc.entries[1].chunks[0].offset, toc.entries[1].chunks[0].compressed_end), (0, 200));
+    }
+
+    #[test]
+    fn two_chunks_that_start_at_one_place_are_refused() {
+        let d = super::super::sha256_digest(b"abcd");
+        let json = toc_json(json!([
+            {"name": "a", "type": "reg", "size": 4, "offset": 10, "chunkDigest": d},
+            {"name": "b", "type": "reg", "size": 4, "offset": 10, "chunkDigest": d},
+        ]));
+        let e = parse_toc(&json, 200).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "TOC entry \"b\": its chunk at 0 starts at 10 (inner offset 0), where a chunk of \"a\" starts too"
+        );
+        // Files packed into one member differ by inner offset, and share its range.
+        let packed = toc_json(json!([
+            {"name": "a", "type": "reg", "size": 4, "offset": 10, "innerOffset": 512, "chunkDigest": d},
+            {"name": "b", "type": "reg", "size": 4, "offset": 10, "innerOffset": 1024, "chunkDigest": d},
+        ]));
+        let toc = parse_toc(&packed, 200).unwrap();
+        assert!(toc.entries[1..].iter().all(|e| (e.chunks[0].offset, e.chunks[0].compressed_end) == (10, 200)));
+    }
+
     /// A chunk of 4 bytes whose member runs on for 20 GB (the TOC, matching its digest, says
     /// so): refused at parse, naming the file, rather than fetched and held whole at a read.
     #[test]
@@ -744,15 +854,15 @@ mod tests {
     fn chunk_lists_must_cover_the_file() {
         let d = super::super::sha256_digest(b"abcd");
         let gap = [
-            json!({"name": "f", "type": "reg", "size": 8, "offset": 0, "chunkSize": 4, "chunkDigest": d}),
-            json!({"name": "f", "type": "chunk", "offset": 0, "chunkOffset": 5, "chunkDigest": d}),
+            json!({"name": "f", "type": "reg", "size": 8, "offset": 1, "chunkSize": 4, "chunkDigest": d}),
+            json!({"name": "f", "type": "chunk", "offset": 2, "chunkOffset": 5, "chunkDigest": d}),
         ];
         let e = read(&build(&[], &gap), 1 << 20).unwrap_err().to_string();
         assert!(e.contains("starts at 5, not at 4"), "{e}");
-        let short = [json!({"name": "f", "type": "reg", "size": 8, "offset": 0, "chunkSize": 4, "chunkDigest": d})];
+        let short = [json!({"name": "f", "type": "reg", "size": 8, "offset": 1, "chunkSize": 4, "chunkDigest": d})];
         let e = read(&build(&[], &short), 1 << 20).unwrap_err().to_string();
         assert!(e.contains("cover 4 bytes of 8"), "{e}");
-        let huge = [json!({"name": "f", "type": "reg", "size": 1u64 << 40, "offset": 0, "chunkDigest": d})];
+        let huge = [json!({"name": "f", "type": "reg", "size": 1u64 << 40, "offset": 1, "chunkDigest": d})];
         let e = read(&build(&[], &huge), 1 << 20).unwrap_err().to_string();
         assert!(e.contains("over the"), "a TOC cannot claim a chunk too big to hold: {e}");
         let bad_digest = [json!({"name": "f", "type": "reg", "size": 8, "offset": 0, "chunkDigest": "md5:x"})];
