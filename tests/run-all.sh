@@ -5,7 +5,7 @@
 #   3. starts a single-node Ceph RGW on loopback (tests/infra/rgw.sh) and a docker-registry with
 #      the test images (tests/infra/registry.sh, images.sh), and stops them on exit;
 #   4. runs the whole workspace's tests, the ones that need RGW or root included;
-#   5. fuzzes the layer format parsers (fuzz/, cargo-fuzz) for FUZZ_SECONDS (30) per target;
+#   5. replays every fuzz seed, then fuzzes each parser (fuzz/run.sh) for FUZZ_SECONDS (30);
 #   6. prints one closing line: "N passed, N failed".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -90,20 +90,17 @@ if [[ -f $REGISTRY_LOG ]]; then
   blob_gets=$(grep -cE '"GET /v2/[^ ]*/blobs/' "$REGISTRY_LOG" || true)
   log "the registry served $blob_gets blob GETs during this run"
 fi
-# Short, bounded fuzzing of what reads registry bytes: the footer, TOC and tar parsers. The
-# committed seeds (fuzz/seeds/) hold earlier findings, so they are replayed every time.
+# Fuzzing of every parser of bytes from the network or the disk (fuzz/run.sh). The committed
+# seeds, earlier findings among them, are replayed first, each once: that step is deterministic
+# and fails only on a real crash. Random fuzzing then runs for FUZZ_SECONDS per target, both
+# cores at once. A failure prints the input in base64 with the command that replays it.
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
-log "fuzzing the layer format parsers, ${FUZZ_SECONDS}s per target"
 if ! command -v cargo-fuzz >/dev/null; then
   cargo install cargo-fuzz --locked --version 0.13.2 2>&1 | tail -1
 fi
-for target in footer toc tar; do
-  # Stable Rust: no sanitizer, coverage-guided libFuzzer all the same.
-  # libFuzzer wants its corpus dirs to exist; new finds go to corpus/, the seeds are read.
-  check "fuzz $target" bash -c "cd fuzz && mkdir -p corpus/$target && cargo fuzz run --sanitizer none $target \
-    corpus/$target seeds/$target -- -max_total_time=$FUZZ_SECONDS 2>&1 |
-    grep -E '^(Done|thread|SUMMARY|ERROR)|panicked|deadly|error'; exit \${PIPESTATUS[0]}"
-done
+check "fuzz: build every target (--locked)" bash fuzz/run.sh build
+check "fuzz: replay every seed" bash fuzz/run.sh replay
+check "fuzz: explore each target for ${FUZZ_SECONDS}s" bash fuzz/run.sh explore "$FUZZ_SECONDS"
 
 passed=$((passed + ${tp:-0}))
 failed=$((failed + ${tf:-0}))

@@ -3,6 +3,7 @@
 //! without the kernel.
 
 mod dir_rename;
+pub use dir_rename::read_journal;
 #[cfg(test)]
 mod race_tests;
 #[cfg(test)]

@@ -163,9 +163,25 @@ fn write_manifest(path: &Path, m: &Manifest) -> io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
+/// Whether `path` is an object path relative to the mount, as this crate writes them: not
+/// empty, and no empty, `.` or `..` part. What a restart reads from disk must be one before
+/// anything is uploaded, copied or deleted under it.
+pub fn is_relative_object_path(path: &str) -> bool {
+    !path.is_empty() && path.split('/').all(|part| !matches!(part, "" | "." | ".."))
+}
+
+/// The staged-file manifest in `bytes`, as a restart reads it from the staging dir.
+pub fn read_manifest(bytes: &[u8]) -> Result<Manifest, String> {
+    let m: Manifest = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    if !is_relative_object_path(&m.target) {
+        return Err(format!("its target {:?} is not an object path of the mount", m.target));
+    }
+    Ok(m)
+}
+
 /// Changes one thing in the manifest at `path`, keeping the rest as written.
 fn update_manifest(path: &Path, change: impl FnOnce(&mut Manifest)) -> io::Result<()> {
-    let mut m: Manifest = serde_json::from_slice(&std::fs::read(path)?).map_err(io::Error::other)?;
+    let mut m = read_manifest(&std::fs::read(path)?).map_err(io::Error::other)?;
     change(&mut m);
     write_manifest(path, &m)
 }
@@ -497,7 +513,13 @@ pub fn leftovers(dir: &Path) -> Vec<Leftover> {
         .filter_map(|e| {
             let p = e.path();
             let id: u64 = p.file_name()?.to_str()?.strip_suffix(".json")?.parse().ok()?;
-            let manifest: Manifest = serde_json::from_slice(&std::fs::read(&p).ok()?).ok()?;
+            let manifest = match std::fs::read(&p).map_err(|e| e.to_string()).and_then(|b| read_manifest(&b)) {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(path = %p.display(), error = %e, "unreadable staged-file manifest; kept, not uploaded");
+                    return None;
+                }
+            };
             Some((id, Leftover { manifest, data: dir.join(format!("{id}.data")), manifest_path: p }))
         })
         .collect();
@@ -528,6 +550,19 @@ mod tests {
     use super::*;
 
     const PART: u64 = 64 << 10;
+
+    /// A manifest read back at a restart names the object the content goes to: one that could
+    /// land outside the mount's prefix, or on no name at all, is refused.
+    #[test]
+    fn a_manifest_whose_target_is_no_object_path_is_refused() {
+        for bad in ["", "/abs", "a//b", "../x", "a/./b", "a/", "a/.."] {
+            let json = format!(r#"{{"target":{bad:?},"complete":true}}"#);
+            let e = read_manifest(json.as_bytes()).unwrap_err();
+            assert_eq!(e, format!("its target {bad:?} is not an object path of the mount"));
+        }
+        let m = read_manifest(br#"{"target":"ckpt/step-1/model.pt","complete":false}"#).unwrap();
+        assert_eq!((m.target.as_str(), m.complete), ("ckpt/step-1/model.pt", false));
+    }
 
     fn data(n: usize) -> Vec<u8> {
         (0..n).map(|i| (i * 7 + i / 251) as u8).collect()

@@ -24,6 +24,22 @@ struct Journal {
     to: String,
 }
 
+/// The rename journal in `bytes`, as a restart reads it: both names are object paths of the
+/// mount, and neither is inside the other, as for any rename a mount makes. A damaged journal
+/// must not have a restart copy or delete a tree it never named.
+pub fn read_journal(bytes: &[u8]) -> Result<(String, String), String> {
+    let j: Journal = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    for p in [&j.from, &j.to] {
+        if !crate::staging::is_relative_object_path(p) {
+            return Err(format!("{p:?} is not an object path of the mount"));
+        }
+    }
+    if moved(&j.to, &j.from, "x").is_some() || moved(&j.from, &j.to, "x").is_some() {
+        return Err(format!("{:?} and {:?} are one inside the other", j.from, j.to));
+    }
+    Ok((j.from, j.to))
+}
+
 /// Where `path` goes when the directory `from` becomes `to`, if it is under `from`.
 fn moved(path: &str, from: &str, to: &str) -> Option<String> {
     if path == from {
@@ -289,11 +305,8 @@ impl FsCore {
         journals.sort();
         let mut report = Vec::new();
         for path in journals {
-            let j: Journal = match std::fs::read(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
-            {
-                Ok(j) => j,
+            let j = match std::fs::read(&path).map_err(|e| e.to_string()).and_then(|b| read_journal(&b)) {
+                Ok((from, to)) => Journal { from, to },
                 Err(e) => {
                     let line = format!("{}: unreadable rename journal ({e}); kept", path.display());
                     report.push(line);
@@ -344,6 +357,17 @@ mod tests {
 
     #[test]
     fn paths_move_only_from_inside_the_directory() {
+        for (from, to, why) in [
+            ("a", "a/b", "one inside the other"),
+            ("a/b", "a", "one inside the other"),
+            ("a", "a", "one inside the other"),
+            ("", "b", "not an object path"),
+            ("a", "../b", "not an object path"),
+        ] {
+            let e = read_journal(format!(r#"{{"from":{from:?},"to":{to:?}}}"#).as_bytes()).unwrap_err();
+            assert!(e.contains(why), "{from:?} -> {to:?}: {e}");
+        }
+        assert_eq!(read_journal(br#"{"from":"ck.tmp","to":"ck"}"#).unwrap(), ("ck.tmp".into(), "ck".into()));
         assert_eq!(moved("a/b", "a/b", "c").as_deref(), Some("c"));
         assert_eq!(moved("a/b/x/y", "a/b", "c/d").as_deref(), Some("c/d/x/y"));
         assert_eq!(moved("a/bc", "a/b", "c"), None);

@@ -84,7 +84,14 @@ impl Credentials {
             }
             Err(e) => return Err(err(e.to_string())),
         };
-        let config: DockerConfig = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
+        Ok(Credentials { source, ..Credentials::from_json(&text, path)? })
+    }
+
+    /// The logins and helpers of a `config.json` of text `text`, read from `path` (named in
+    /// errors and warnings).
+    pub fn from_json(text: &str, path: &Path) -> Result<Credentials, RegistryError> {
+        let err = |reason: String| RegistryError::Config { path: path.display().to_string(), reason };
+        let config: DockerConfig = serde_json::from_str(text).map_err(|e| err(e.to_string()))?;
         let mut by_host = HashMap::new();
         for (key, a) in config.auths.unwrap_or_default() {
             let login = match (a.auth, a.username, a.password) {
@@ -123,7 +130,7 @@ impl Credentials {
             }
         }
         let store = config.creds_store.filter(|n| !n.is_empty()).and_then(|n| helper_name(n, "credsStore".into()));
-        Ok(Credentials { by_host, helpers, store, source })
+        Ok(Credentials { by_host, helpers, store, source: None })
     }
 
     /// The logins as the file holds them now, if it changed since they were read: a token

@@ -278,20 +278,18 @@ impl Registry {
     /// against) of `image`'s repository.
     pub async fn manifest_at(&self, image: &ImageRef, object: &str) -> Result<Manifest, RegistryError> {
         let (body, digest) = self.manifest_bytes(image, object).await?;
-        let raw = parse_manifest(image, &body)?;
-        if raw.manifests.is_empty() {
-            return to_manifest(image, raw, digest);
-        }
-        let chosen = raw
-            .manifests
-            .iter()
-            .find(|m| m.platform.as_ref().is_some_and(|p| p.os == "linux" && p.architecture == this_arch()))
-            .ok_or_else(|| RegistryError::Manifest {
+        let chosen = match decode_manifest(image, &body, digest)? {
+            Decoded::Image(m) => return Ok(m),
+            Decoded::Index { chosen } => chosen,
+        };
+        let (body, digest) = self.manifest_bytes(image, &chosen).await?;
+        match decode_manifest(image, &body, digest)? {
+            Decoded::Image(m) => Ok(m),
+            Decoded::Index { .. } => Err(RegistryError::Manifest {
                 reference: image.to_string(),
-                reason: format!("the index has no manifest for linux/{}", this_arch()),
-            })?;
-        let (body, digest) = self.manifest_bytes(image, &chosen.digest.clone()).await?;
-        to_manifest(image, parse_manifest(image, &body)?, digest)
+                reason: format!("the index names {chosen} for linux/{}, which is an index too", this_arch()),
+            }),
+        }
     }
 
     /// The image's config (for this platform), checked against its digest: from `manifest` (a
@@ -841,25 +839,45 @@ fn parse_content_range(value: &str) -> Option<(u64, u64, u64)> {
     (start <= end && end < size).then_some((start, end, size))
 }
 
-fn parse_manifest(image: &ImageRef, body: &[u8]) -> Result<RawManifest, RegistryError> {
-    serde_json::from_slice(body)
-        .map_err(|e| RegistryError::Manifest { reference: image.to_string(), reason: format!("not a manifest: {e}") })
+/// What a manifest's bytes say: an image manifest, or an index and the manifest in it for
+/// this platform.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decoded {
+    Image(Manifest),
+    /// An index (or a docker manifest list): the digest of this platform's manifest.
+    Index {
+        chosen: String,
+    },
 }
 
-fn to_manifest(image: &ImageRef, raw: RawManifest, digest: String) -> Result<Manifest, RegistryError> {
-    let config = raw.config.ok_or_else(|| RegistryError::Manifest {
-        reference: image.to_string(),
-        reason: format!("no config (media type {:?})", raw.media_type),
-    })?;
-    for l in &raw.layers {
-        if !crate::estargz::is_sha256_digest(&l.digest) {
-            return Err(RegistryError::Manifest {
-                reference: image.to_string(),
-                reason: format!("layer digest {:?} is not sha256", l.digest),
-            });
+/// Reads the manifest or index `body`, whose content digest is `digest`, as a registry served
+/// it for `image`. Every digest it names is a well-formed `sha256:`, as the reads that follow
+/// from it need: nothing a registry sends is used unchecked.
+pub fn decode_manifest(image: &ImageRef, body: &[u8], digest: String) -> Result<Decoded, RegistryError> {
+    let bad = |reason: String| RegistryError::Manifest { reference: image.to_string(), reason };
+    let raw: RawManifest = serde_json::from_slice(body).map_err(|e| bad(format!("not a manifest: {e}")))?;
+    let sha256 = |what: &str, d: &str| {
+        if crate::estargz::is_sha256_digest(d) {
+            Ok(())
+        } else {
+            Err(bad(format!("{what} digest {d:?} is not sha256")))
         }
+    };
+    if !raw.manifests.is_empty() {
+        let chosen = raw
+            .manifests
+            .iter()
+            .find(|m| m.platform.as_ref().is_some_and(|p| p.os == "linux" && p.architecture == this_arch()))
+            .ok_or_else(|| bad(format!("the index has no manifest for linux/{}", this_arch())))?;
+        sha256("the platform manifest's", &chosen.digest)?;
+        return Ok(Decoded::Index { chosen: chosen.digest.clone() });
     }
-    Ok(Manifest { digest, config_digest: config.digest, config_size: config.size, layers: raw.layers })
+    let config = raw.config.ok_or_else(|| bad(format!("no config (media type {:?})", raw.media_type)))?;
+    sha256("config", &config.digest)?;
+    for l in &raw.layers {
+        sha256("layer", &l.digest)?;
+    }
+    Ok(Decoded::Image(Manifest { digest, config_digest: config.digest, config_size: config.size, layers: raw.layers }))
 }
 
 /// The scheme and authority of an endpoint's base URL (`https://host:port`), without its path.
@@ -871,6 +889,32 @@ fn origin(base: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::parse_content_range;
+
+    /// Every digest a manifest or an index hands on is checked before it is used in a URL or
+    /// against content; an index chooses this platform's manifest.
+    #[test]
+    fn manifests_and_indexes_hand_on_only_sha256_digests() {
+        use super::{Decoded, decode_manifest, this_arch};
+        let image = super::ImageRef::parse("registry.test/app:1").unwrap();
+        let d = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+        let decode = |json: serde_json::Value| decode_manifest(&image, json.to_string().as_bytes(), d('0'));
+        let index = |digest: &str| {
+            serde_json::json!({"manifests": [
+                {"digest": d('a'), "platform": {"os": "linux", "architecture": "riscv-none"}},
+                {"digest": digest, "platform": {"os": "linux", "architecture": this_arch()}},
+            ]})
+        };
+        assert_eq!(decode(index(&d('b'))).unwrap(), Decoded::Index { chosen: d('b') });
+        let e = decode(index("sha256:../../x")).unwrap_err().to_string();
+        assert_eq!(e, "manifest registry.test/app:1: the platform manifest's digest \"sha256:../../x\" is not sha256");
+        let image_of = |config: &str, layer: &str| serde_json::json!({"config": {"digest": config, "size": 7}, "layers": [{"digest": layer, "size": 9}]});
+        let Decoded::Image(m) = decode(image_of(&d('c'), &d('e'))).unwrap() else { panic!("an image manifest") };
+        assert_eq!((m.digest, m.config_digest, m.config_size, m.layers[0].size), (d('0'), d('c'), 7, 9));
+        let e = decode(image_of("md5:x", &d('e'))).unwrap_err().to_string();
+        assert!(e.ends_with("config digest \"md5:x\" is not sha256"), "{e}");
+        let e = decode(image_of(&d('c'), "sha256:short")).unwrap_err().to_string();
+        assert!(e.ends_with("layer digest \"sha256:short\" is not sha256"), "{e}");
+    }
 
     /// A ranged read of bytes 0 to 3 answered.
     const ABCD: &str = "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-3/10\r\nContent-Length: 4\r\nConnection: close\r\n\r\nabcd";

@@ -155,8 +155,13 @@ pub async fn ask(program: &str, server: &str, timeout: Duration) -> Result<Optio
         };
         return Err(HelperError::Failed { program: program.to_owned(), status: out.status, output });
     }
+    parse_answer(program, &out.stdout)
+}
+
+/// The login in what helper `program` printed for a `get`; `None` for an empty secret.
+pub fn parse_answer(program: &str, stdout: &[u8]) -> Result<Option<Login>, HelperError> {
     // Where the JSON went wrong, not serde's text, which may quote a value of it.
-    let answer: Answer = serde_json::from_slice(&out.stdout).map_err(|e| HelperError::Answer {
+    let answer: Answer = serde_json::from_slice(stdout).map_err(|e| HelperError::Answer {
         program: program.to_owned(),
         reason: format!(
             "not the JSON of a login ({:?} error at line {}, column {})",

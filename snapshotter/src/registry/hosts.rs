@@ -121,22 +121,27 @@ impl Hosts {
         let Some(path) = file else { return Ok(vec![default_endpoint(host)]) };
         let err = |reason: String| RegistryError::Config { path: path.display().to_string(), reason };
         let text = std::fs::read_to_string(&path).map_err(|e| err(e.to_string()))?;
-        let parsed: HostsFile = toml::from_str(&text).map_err(|e| err(e.message().to_owned()))?;
         // Relative `ca` paths are read from the hosts.toml's own directory, as containerd does.
-        let dir = path.parent().unwrap_or(Path::new("."));
-        let mut out = Vec::new();
-        for (url, entry) in &parsed.host.0 {
-            out.push(endpoint(url, entry, dir).map_err(&err)?);
-        }
-        // Without `server`, the top-level settings (a `_default` file's `ca`, `client`, ...)
-        // are the default endpoint's, as containerd applies them.
-        let server = match &parsed.server {
-            Some(url) => url.clone(),
-            None => default_endpoint(host).base.trim_end_matches("/v2").to_owned(),
-        };
-        out.push(endpoint(&server, &parsed.upstream, dir).map_err(&err)?);
-        Ok(out)
+        parse_hosts(&text, host, path.parent().unwrap_or(Path::new("."))).map_err(err)
     }
+}
+
+/// The endpoints a `hosts.toml` of text `text`, in directory `dir`, gives `host`: mirrors in
+/// the order written, then the upstream. Each has a base that is an HTTP or HTTPS URL.
+pub fn parse_hosts(text: &str, host: &str, dir: &Path) -> Result<Vec<Endpoint>, String> {
+    let parsed: HostsFile = toml::from_str(text).map_err(|e| e.message().to_owned())?;
+    let mut out = Vec::new();
+    for (url, entry) in &parsed.host.0 {
+        out.push(endpoint(url, entry, dir)?);
+    }
+    // Without `server`, the top-level settings (a `_default` file's `ca`, `client`, ...)
+    // are the default endpoint's, as containerd applies them.
+    let server = match &parsed.server {
+        Some(url) => url.clone(),
+        None => default_endpoint(host).base.trim_end_matches("/v2").to_owned(),
+    };
+    out.push(endpoint(&server, &parsed.upstream, dir)?);
+    Ok(out)
 }
 
 fn endpoint(url: &str, entry: &HostEntry, dir: &Path) -> Result<Endpoint, String> {
@@ -144,6 +149,12 @@ fn endpoint(url: &str, entry: &HostEntry, dir: &Path) -> Result<Endpoint, String
     let url = if url.contains("://") { url.to_owned() } else { format!("https://{url}") };
     if !(url.starts_with("http://") || url.starts_with("https://")) {
         return Err(format!("host {url:?} must start with http:// or https://"));
+    }
+    // Refused here, naming the file, rather than at the first pull with an error of the
+    // HTTP client's about some request.
+    match reqwest::Url::parse(&url) {
+        Ok(u) if u.host_str().is_some_and(|h| !h.is_empty()) => {}
+        _ => return Err(format!("host {url:?} is not a URL with a host name")),
     }
     let trimmed = url.trim_end_matches('/');
     let base = if entry.override_path == Some(true) || trimmed.ends_with("/v2") {
@@ -331,5 +342,15 @@ mod tests {
         let (dir, _) = hosts_dir("_default", "server = \"ftp://x\"\n");
         let e = Hosts::new(Some(dir.path())).endpoints("any.io").unwrap_err().to_string();
         assert!(e.contains("_default/hosts.toml") && e.contains("http:// or https://"), "{e}");
+    }
+
+    #[test]
+    fn a_host_that_is_no_url_is_refused_when_the_file_is_read() {
+        for url in ["http://", "https://exa mple:5000", "http://host:99999"] {
+            let toml = format!("[host.{url:?}]\ncapabilities = [\"pull\"]\n");
+            let e = parse_hosts(&toml, "registry.test", Path::new("/d")).unwrap_err();
+            assert_eq!(e, format!("host {url:?} is not a URL with a host name"));
+        }
+        assert_eq!(parse_hosts("", "registry.test", Path::new("/d")).unwrap()[0].base, "https://registry.test/v2");
     }
 }
