@@ -18,6 +18,7 @@ pub mod key;
 pub mod metrics;
 mod partcopy;
 pub mod pattern;
+pub mod peer;
 pub mod policy;
 pub mod requests;
 mod restore;
