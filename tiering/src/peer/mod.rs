@@ -1,10 +1,70 @@
 //! The peer tier: the nodes' caches made one cluster cache, so that each chunk crosses the
-//! origin link (the object store, the registry) about once and then the node network. This
-//! module holds who the members are ([`members`]) and which member owns a chunk
-//! ([`placement`]).
+//! origin link (the object store, the registry) about once and then the node network. Who the
+//! members are ([`members`]), which one owns a chunk ([`placement`]), how they prove they are
+//! members ([`auth`]), what crosses the peer port ([`wire`]), its server ([`server`]) and its
+//! client ([`client`]), and the fetcher that puts the peers before the origin ([`fetcher`]).
 
+pub mod auth;
+pub mod client;
+pub mod fetcher;
 pub mod members;
 pub mod placement;
+pub mod server;
+#[cfg(test)]
+mod tests;
+pub mod wire;
 
+pub use fetcher::{FailoverOptions, PeerTier};
 pub use members::{Member, MemberSource, Members, MembersError, Membership};
 pub use placement::{owner_score, rank};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// The peer tier's metrics: where this node's chunks came from, and how the members fared.
+#[derive(Debug, Default)]
+pub struct PeerMetrics {
+    /// Chunk bytes this node's misses got from peers.
+    pub peer_bytes: Counter,
+    /// Chunk bytes this node's misses got from the origin through the peer tier.
+    pub origin_bytes: Counter,
+    /// Chunk bytes this node served to peers.
+    pub served_bytes: Counter,
+    pub peer_errors: Counter,
+    pub peer_timeouts: Counter,
+    /// Answers that failed the length, CRC32C or digest check.
+    pub peer_corrupt: Counter,
+    /// Misses that went to the origin because no member could serve them.
+    pub origin_fallbacks: Counter,
+    /// Requests to this node's peer port that were not signed with the cluster's secret.
+    pub refused: Counter,
+    /// Members suspect here now.
+    pub suspects: Gauge,
+}
+
+impl PeerMetrics {
+    pub fn register(&self, r: &mut Registry) {
+        r.register("strata_peer_received_bytes", "Chunk bytes fetched from peers", self.peer_bytes.clone());
+        r.register(
+            "strata_peer_origin_bytes",
+            "Chunk bytes fetched from the origin by the peer tier",
+            self.origin_bytes.clone(),
+        );
+        r.register("strata_peer_served_bytes", "Chunk bytes served to peers", self.served_bytes.clone());
+        r.register("strata_peer_errors", "Peer requests that failed", self.peer_errors.clone());
+        r.register("strata_peer_timeouts", "Peer requests that timed out", self.peer_timeouts.clone());
+        r.register("strata_peer_corrupt", "Peer answers that failed their check", self.peer_corrupt.clone());
+        r.register(
+            "strata_peer_origin_fallbacks",
+            "Misses sent to the origin because no peer could serve them",
+            self.origin_fallbacks.clone(),
+        );
+        r.register(
+            "strata_peer_refused",
+            "Peer requests refused for want of the cluster's secret",
+            self.refused.clone(),
+        );
+        r.register("strata_peer_suspect_members", "Members suspect on this node", self.suspects.clone());
+    }
+}

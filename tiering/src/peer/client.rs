@@ -1,0 +1,179 @@
+//! Asking a peer for a chunk: one HTTP/2 connection per member, shared by every request to it,
+//! and each stage bounded in time, so that a dead or stalled member costs a fraction of a
+//! second rather than a TCP timeout. What comes back is checked (its length, and its CRC32C or
+//! its digest) before a byte of it is handed on.
+
+use super::auth::{AUTH_HEADER, PeerSecret, now_secs};
+use super::wire::{CRC_HEADER, ChunkRequest};
+use crate::chunkfile::crc32c;
+use crate::{ChunkKey, Identity};
+use bytes::{Bytes, BytesMut};
+use http_body_util::{BodyExt, Empty};
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// How long each stage of a peer request may take.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// To connect, TCP and the HTTP/2 handshake.
+    pub connect: Duration,
+    /// From the request to the answer's first byte: the owner may be fetching from the origin.
+    pub first_byte: Duration,
+    /// Between two pieces of the body: a stream that stalls longer is given up on.
+    pub stall: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    #[error("{member}: connect failed: {reason}")]
+    Connect { member: String, reason: String },
+    #[error("{member}: no answer within {after:?}")]
+    Timeout { member: String, after: Duration },
+    #[error("{member}: {reason}")]
+    Transport { member: String, reason: String },
+    #[error("{member}: answered {status}: {message}")]
+    Status { member: String, status: u16, message: String },
+    #[error("{member}: sent bytes that fail the check ({reason})")]
+    Corrupt { member: String, reason: String },
+}
+
+impl PeerError {
+    /// Whether the member itself is at fault (and so suspect): not when it refused the request
+    /// (400, 404), nor when the origin failed it (502), which the next member would meet too.
+    pub fn blames_member(&self) -> bool {
+        !matches!(self, PeerError::Status { status: 400 | 404 | 502, .. })
+    }
+
+    /// Whether the owner reached the origin and the origin failed.
+    pub fn is_origin_failure(&self) -> bool {
+        matches!(self, PeerError::Status { status: 502, .. })
+    }
+}
+
+/// Connections to the members, by member name.
+#[derive(Debug)]
+pub struct PeerClient {
+    secret: PeerSecret,
+    timeouts: Timeouts,
+    conns: Mutex<HashMap<String, SendRequest<Empty<Bytes>>>>,
+}
+
+impl PeerClient {
+    pub fn new(secret: PeerSecret, timeouts: Timeouts) -> PeerClient {
+        PeerClient { secret, timeouts, conns: Mutex::new(HashMap::new()) }
+    }
+
+    async fn connection(&self, member: &str) -> Result<SendRequest<Empty<Bytes>>, PeerError> {
+        if let Some(c) = self.conns.lock().unwrap_or_else(|p| p.into_inner()).get(member)
+            && c.is_ready()
+        {
+            return Ok(c.clone());
+        }
+        let connect_err = |reason: String| PeerError::Connect { member: member.to_owned(), reason };
+        let connect = async {
+            let tcp = tokio::net::TcpStream::connect(member).await.map_err(|e| connect_err(e.to_string()))?;
+            let _ = tcp.set_nodelay(true);
+            let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+                .await
+                .map_err(|e| connect_err(e.to_string()))?;
+            let name = member.to_owned();
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(member = %name, error = %e, "peer connection ended");
+                }
+            });
+            Ok::<_, PeerError>(send)
+        };
+        let send = tokio::time::timeout(self.timeouts.connect, connect)
+            .await
+            .map_err(|_| PeerError::Timeout { member: member.to_owned(), after: self.timeouts.connect })??;
+        self.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(member.to_owned(), send.clone());
+        Ok(send)
+    }
+
+    /// Forgets the connection to `member`, after it failed.
+    fn drop_connection(&self, member: &str) {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(member);
+    }
+
+    /// Chunk `req` from `member`, checked.
+    pub async fn get_chunk(&self, member: &str, req: &ChunkRequest) -> Result<Bytes, PeerError> {
+        let result = self.try_get(member, req).await;
+        if result.as_ref().is_err_and(|e| e.blames_member()) {
+            self.drop_connection(member);
+        }
+        result
+    }
+
+    async fn try_get(&self, member: &str, req: &ChunkRequest) -> Result<Bytes, PeerError> {
+        let transport =
+            |e: &dyn std::fmt::Display| PeerError::Transport { member: member.to_owned(), reason: e.to_string() };
+        let timeout = |after| PeerError::Timeout { member: member.to_owned(), after };
+        let mut send = self.connection(member).await?;
+        let pq = req.path_and_query();
+        let request = hyper::Request::get(format!("http://{member}{pq}"))
+            .header(AUTH_HEADER, self.secret.sign("GET", &pq, now_secs()))
+            .body(Empty::new())
+            .map_err(|e| transport(&e))?;
+        let answer = tokio::time::timeout(self.timeouts.first_byte, send.send_request(request))
+            .await
+            .map_err(|_| timeout(self.timeouts.first_byte))?
+            .map_err(|e| transport(&e))?;
+        let (parts, mut body) = answer.into_parts();
+        let mut data = BytesMut::new();
+        // Each piece of the body must come within the stall timeout; a whole chunk is at most a
+        // few MiB, so the answer is held whole before it is checked.
+        loop {
+            match tokio::time::timeout(self.timeouts.stall, body.frame()).await {
+                Err(_) => return Err(timeout(self.timeouts.stall)),
+                Ok(None) => break,
+                Ok(Some(Err(e))) => return Err(transport(&e)),
+                Ok(Some(Ok(frame))) => {
+                    if let Ok(piece) = frame.into_data() {
+                        data.extend_from_slice(&piece);
+                    }
+                }
+            }
+        }
+        let data = data.freeze();
+        if !parts.status.is_success() {
+            let message = String::from_utf8_lossy(&data[..data.len().min(300)]).into_owned();
+            return Err(PeerError::Status { member: member.to_owned(), status: parts.status.as_u16(), message });
+        }
+        let crc =
+            parts.headers.get(CRC_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| u32::from_str_radix(v, 16).ok());
+        check(member, req, &data, crc)?;
+        Ok(data)
+    }
+}
+
+/// What the requester checks, as it does for the origin: a chunk of an object has the length
+/// the object's size gives and the CRC32C the owner computed from the origin's bytes, which
+/// catches what the wire or a member's disk changed; a chunk named by its digest must hash to
+/// it, which no member can fake.
+fn check(member: &str, req: &ChunkRequest, data: &[u8], crc: Option<u32>) -> Result<(), PeerError> {
+    let corrupt = |reason: String| Err(PeerError::Corrupt { member: member.to_owned(), reason });
+    if let Some(len) = req.expected_len()
+        && data.len() as u64 != len
+    {
+        return corrupt(format!("{} bytes where the chunk has {len}", data.len()));
+    }
+    match crc {
+        None => return corrupt(format!("no {CRC_HEADER} header")),
+        Some(c) if c != crc32c(data) => {
+            return corrupt(format!("CRC32C {:08x}, but the header says {c:08x}", crc32c(data)));
+        }
+        Some(_) => {}
+    }
+    if let ChunkKey { identity: Identity::Digest { digest }, .. } = &req.key {
+        use sha2::{Digest, Sha256};
+        let actual = format!("sha256:{}", hex::encode(Sha256::digest(data)));
+        if &actual != digest {
+            return corrupt(format!("their digest is {actual}, not {digest}"));
+        }
+    }
+    Ok(())
+}

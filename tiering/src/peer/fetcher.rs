@@ -1,0 +1,175 @@
+//! The peer tier as the cache sees it: a [`Fetcher`] that, on a miss, asks the chunk's owner
+//! before the origin. The members are tried in rendezvous order; one that fails is suspect
+//! here for a while and is skipped, so that a retry never goes to the same dead member. When
+//! this node is the owner, or every member tried failed, the origin is asked, and a fallback
+//! is counted and logged, never silent.
+
+use super::PeerMetrics;
+use super::client::{PeerClient, PeerError};
+use super::members::Membership;
+use super::wire::ChunkRequest;
+use crate::{ChunkKey, FetchError, Fetcher, Identity};
+use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+/// How the tier treats failing members.
+#[derive(Debug, Clone, Copy)]
+pub struct FailoverOptions {
+    /// How long a member that failed is skipped.
+    pub suspect_for: Duration,
+    /// Members tried for one chunk before the origin is.
+    pub tries: usize,
+}
+
+/// This node's view of the peer tier.
+#[derive(Debug)]
+pub struct PeerTier {
+    /// This node's own member name, when it is one of the members.
+    self_name: Option<String>,
+    membership: Membership,
+    client: PeerClient,
+    failover: FailoverOptions,
+    suspects: Mutex<HashMap<String, Instant>>,
+    metrics: Arc<PeerMetrics>,
+    /// Set while fetches fall back to the origin, so that a run of them is logged once.
+    falling_back: AtomicBool,
+}
+
+impl PeerTier {
+    pub fn new(
+        self_name: Option<String>,
+        membership: Membership,
+        client: PeerClient,
+        failover: FailoverOptions,
+        metrics: Arc<PeerMetrics>,
+    ) -> Arc<PeerTier> {
+        Arc::new(PeerTier {
+            self_name,
+            membership,
+            client,
+            failover,
+            suspects: Mutex::new(HashMap::new()),
+            metrics,
+            falling_back: AtomicBool::new(false),
+        })
+    }
+
+    /// `origin`, the fetcher of an object of `size` bytes, with the peer tier before it.
+    pub fn wrap(self: &Arc<Self>, origin: Arc<dyn Fetcher>, size: u64) -> Arc<dyn Fetcher> {
+        Arc::new(PeerFetcher { tier: self.clone(), origin, size })
+    }
+
+    pub fn metrics(&self) -> &PeerMetrics {
+        &self.metrics
+    }
+
+    /// The members now, each with whether it is suspect here.
+    pub fn members(&self) -> Vec<(String, bool)> {
+        self.membership.current().list().iter().map(|m| (m.name.clone(), self.is_suspect(&m.name))).collect()
+    }
+
+    fn is_suspect(&self, member: &str) -> bool {
+        let mut s = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
+        match s.get(member) {
+            Some(until) if *until > Instant::now() => true,
+            Some(_) => {
+                s.remove(member);
+                self.metrics.suspects.set(s.len() as i64);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn mark_suspect(&self, member: &str) {
+        let mut s = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
+        s.insert(member.to_owned(), Instant::now() + self.failover.suspect_for);
+        self.metrics.suspects.set(s.len() as i64);
+    }
+
+    /// The chunk from the members, in rendezvous order: `None` when this node should fetch it
+    /// from the origin itself (it is the first choice not suspect, or all tried failed).
+    async fn ask_peers(&self, req: &ChunkRequest) -> Option<Bytes> {
+        let members = self.membership.current();
+        if members.is_empty() {
+            return None;
+        }
+        let mut tried = 0;
+        for m in members.rank(&req.key.id()) {
+            if self.self_name.as_deref() == Some(m.name.as_str()) {
+                // This node owns the chunk (or stands in for the owners before it).
+                self.falling_back.store(false, Ordering::Relaxed);
+                return None;
+            }
+            if self.is_suspect(&m.name) {
+                continue;
+            }
+            if tried == self.failover.tries {
+                break;
+            }
+            tried += 1;
+            match self.client.get_chunk(&m.name, req).await {
+                Ok(bytes) => {
+                    self.metrics.peer_bytes.inc_by(bytes.len() as u64);
+                    if self.falling_back.swap(false, Ordering::Relaxed) {
+                        info!(member = %m.name, "peers answer again");
+                    }
+                    return Some(bytes);
+                }
+                Err(e) => {
+                    self.metrics.peer_errors.inc();
+                    match &e {
+                        PeerError::Timeout { .. } => self.metrics.peer_timeouts.inc(),
+                        PeerError::Corrupt { .. } => self.metrics.peer_corrupt.inc(),
+                        _ => 0,
+                    };
+                    if e.blames_member() {
+                        self.mark_suspect(&m.name);
+                    }
+                    if e.is_origin_failure() {
+                        // Asked again here, once, rather than of the next member's origin too.
+                        warn!(chunk = %req.key, error = %e, "the owner's origin fetch failed; asking the origin");
+                        break;
+                    }
+                    warn!(chunk = %req.key, error = %e, "peer failed; trying the next choice");
+                }
+            }
+        }
+        self.metrics.origin_fallbacks.inc();
+        if !self.falling_back.swap(true, Ordering::Relaxed) {
+            warn!(chunk = %req.key, tried, "no peer could serve a chunk; fetching from the origin until one can");
+        }
+        None
+    }
+}
+
+struct PeerFetcher {
+    tier: Arc<PeerTier>,
+    origin: Arc<dyn Fetcher>,
+    size: u64,
+}
+
+impl Fetcher for PeerFetcher {
+    fn fetch(&self, key: &ChunkKey) -> BoxFuture<'static, Result<Bytes, FetchError>> {
+        let (tier, origin) = (self.tier.clone(), self.origin.clone());
+        let req = ChunkRequest { key: key.clone(), size: self.size };
+        async move {
+            // Chunks of objects first: image chunks go to peers in a later step.
+            if matches!(req.key.identity, Identity::Object { .. })
+                && let Some(bytes) = tier.ask_peers(&req).await
+            {
+                return Ok(bytes);
+            }
+            let bytes = origin.fetch(&req.key).await?;
+            tier.metrics.origin_bytes.inc_by(bytes.len() as u64);
+            Ok(bytes)
+        }
+        .boxed()
+    }
+}

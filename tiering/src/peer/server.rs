@@ -1,0 +1,94 @@
+//! The peer port: this node serves the chunks it owns (or stands in for an owner that failed)
+//! to the other members, from its own tiers, or from its origin once however many members ask
+//! at the same time: the cache's own single flight does that. Every request must be signed
+//! with the cluster's secret.
+
+use super::auth::{AUTH_HEADER, PeerSecret, now_secs};
+use super::wire::{CHUNK_PATH, CRC_HEADER, ChunkRequest};
+use crate::chunkfile::crc32c;
+use crate::source::{ObjectInfo, ObjectSource};
+use crate::{Fetcher, GetOptions, Identity, TieredCache};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+
+/// Where this node fetches a chunk from when it serves a peer and does not hold it.
+pub trait Origin: Send + Sync + 'static {
+    /// The fetcher for chunk `req`, or why this node does not serve it.
+    fn fetcher(&self, req: &ChunkRequest) -> Result<Arc<dyn Fetcher>, String>;
+}
+
+/// Dataset and checkpoint chunks: ranges of object versions in the node's cold store, which
+/// every node of the cluster has the same of.
+impl Origin for ObjectSource {
+    fn fetcher(&self, req: &ChunkRequest) -> Result<Arc<dyn Fetcher>, String> {
+        let Identity::Object { version, chunk_size, .. } = &req.key.identity else {
+            return Err("only chunks of objects are served".into());
+        };
+        if *chunk_size != self.chunk_size() {
+            return Err(format!("chunks of {chunk_size} bytes, where this node's store cuts {}", self.chunk_size()));
+        }
+        if req.expected_len().is_none() {
+            return Err(format!("the chunk lies past the end of the {}-byte object", req.size));
+        }
+        let info = ObjectInfo {
+            path: req.key.path.clone(),
+            size: req.size,
+            version: version.clone(),
+            modified: std::time::UNIX_EPOCH,
+        };
+        Ok(ObjectSource::fetcher(self, &info))
+    }
+}
+
+/// What the peer port serves from.
+#[derive(Clone)]
+pub struct ServeState {
+    pub secret: PeerSecret,
+    pub cache: TieredCache,
+    pub origin: Arc<dyn Origin>,
+    pub metrics: Arc<super::PeerMetrics>,
+}
+
+impl std::fmt::Debug for ServeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeState").finish_non_exhaustive()
+    }
+}
+
+pub fn router(state: ServeState) -> axum::Router {
+    axum::Router::new().route(CHUNK_PATH, axum::routing::get(chunk)).with_state(state)
+}
+
+/// Serves the peer port on `listener` until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, state: ServeState) -> std::io::Result<()> {
+    axum::serve(listener, router(state)).await
+}
+
+async fn chunk(State(s): State<ServeState>, uri: Uri, headers: HeaderMap) -> Response {
+    let pq = uri.path_and_query().map(|p| p.as_str()).unwrap_or(CHUNK_PATH);
+    let auth = headers.get(AUTH_HEADER).and_then(|v| v.to_str().ok());
+    if let Err(e) = s.secret.verify(auth, "GET", pq, now_secs()) {
+        s.metrics.refused.inc();
+        tracing::warn!(error = %e, "peer request refused");
+        return (StatusCode::UNAUTHORIZED, e.to_string()).into_response();
+    }
+    let req = match ChunkRequest::from_query(uri.query().unwrap_or_default()) {
+        Ok(r) => r,
+        Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),
+    };
+    let fetcher = match s.origin.fetcher(&req) {
+        Ok(f) => f,
+        Err(why) => return (StatusCode::NOT_FOUND, why).into_response(),
+    };
+    match s.cache.get(&req.key, fetcher, GetOptions::default()).await {
+        Ok(bytes) => {
+            s.metrics.served_bytes.inc_by(bytes.len() as u64);
+            let crc = format!("{:08x}", crc32c(&bytes));
+            (StatusCode::OK, [(CRC_HEADER, crc)], bytes).into_response()
+        }
+        // The origin's own error, for the requester's log: it goes to the origin itself next.
+        Err(e) => (StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
+    }
+}

@@ -1,0 +1,278 @@
+//! The peer tier across nodes in one process, on loopback: real tier directories, real HTTP/2
+//! peer ports, and an origin that counts what it is asked for.
+
+use super::auth::test_secret;
+use super::client::{PeerClient, PeerError, Timeouts};
+use super::server::{Origin, ServeState, serve};
+use super::wire::{CHUNK_PATH, CRC_HEADER, ChunkRequest};
+use super::*;
+use crate::chunkfile::crc32c;
+use crate::{CacheConfig, ChunkKey, FetchError, Fetcher, GetOptions, Identity, KeyId, Policy, TierConfig, TieredCache};
+use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const CHUNK: u64 = 64 << 10;
+const TIMEOUTS: Timeouts =
+    Timeouts { connect: Duration::from_millis(200), first_byte: Duration::from_secs(5), stall: Duration::from_secs(5) };
+const FAILOVER: FailoverOptions = FailoverOptions { suspect_for: Duration::from_secs(30), tries: 3 };
+
+/// The object store every node shares: one object, and a count of each chunk asked of it.
+#[derive(Debug)]
+struct TestOrigin {
+    path: String,
+    version: String,
+    data: Bytes,
+    asked: Mutex<HashMap<KeyId, usize>>,
+}
+
+impl TestOrigin {
+    fn new(size: usize) -> Arc<TestOrigin> {
+        let data = Bytes::from((0..size).map(|i| (i * 31 + i / 7919) as u8).collect::<Vec<u8>>());
+        Arc::new(TestOrigin {
+            path: "datasets/set/shard-0".into(),
+            version: "\"e1\"".into(),
+            data,
+            asked: Mutex::default(),
+        })
+    }
+
+    fn key(&self, index: u64) -> ChunkKey {
+        ChunkKey::object(self.path.clone(), self.version.clone(), index, CHUNK)
+    }
+
+    fn chunks(&self) -> u64 {
+        (self.data.len() as u64).div_ceil(CHUNK)
+    }
+
+    fn expected(&self, index: u64) -> Bytes {
+        let start = (index * CHUNK) as usize;
+        self.data.slice(start..(start + CHUNK as usize).min(self.data.len()))
+    }
+
+    fn asked(&self) -> HashMap<KeyId, usize> {
+        self.asked.lock().unwrap().clone()
+    }
+}
+
+struct OriginFetcher(Arc<TestOrigin>);
+
+impl Fetcher for OriginFetcher {
+    fn fetch(&self, key: &ChunkKey) -> BoxFuture<'static, Result<Bytes, FetchError>> {
+        let (origin, key) = (self.0.clone(), key.clone());
+        async move {
+            *origin.asked.lock().unwrap().entry(key.id()).or_default() += 1;
+            // Long enough that readers of one chunk overlap, as they do on a real store.
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let Identity::Object { index, .. } = key.identity else { unreachable!("object keys only") };
+            Ok(origin.expected(index))
+        }
+        .boxed()
+    }
+}
+
+struct SharedOrigin(Arc<TestOrigin>);
+
+impl Origin for SharedOrigin {
+    fn fetcher(&self, req: &ChunkRequest) -> Result<Arc<dyn Fetcher>, String> {
+        (req.key.path == self.0.path)
+            .then(|| Arc::new(OriginFetcher(self.0.clone())) as Arc<dyn Fetcher>)
+            .ok_or("no such object".into())
+    }
+}
+
+struct Node {
+    name: String,
+    cache: TieredCache,
+    tier: Arc<PeerTier>,
+    metrics: Arc<PeerMetrics>,
+    _server: tokio::task::JoinHandle<std::io::Result<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Node {
+    async fn read(&self, origin: &Arc<TestOrigin>, index: u64) -> Bytes {
+        let fetcher = self.tier.wrap(Arc::new(OriginFetcher(origin.clone())), origin.data.len() as u64);
+        self.cache.get(&origin.key(index), fetcher, GetOptions::default()).await.unwrap()
+    }
+}
+
+fn open_cache(dir: &std::path::Path) -> TieredCache {
+    TieredCache::open(CacheConfig {
+        hot: TierConfig::new(dir.join("hot"), 64 << 20),
+        warm: None,
+        state_dir: dir.join("state"),
+        policy: Policy::default(),
+    })
+    .unwrap()
+}
+
+/// `n` nodes serving the peer port, members of one cluster with `extra` members besides.
+async fn cluster(n: usize, origin: &Arc<TestOrigin>, extra: &[String]) -> Vec<Node> {
+    let mut listeners = Vec::new();
+    for _ in 0..n {
+        listeners.push(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap());
+    }
+    let mut names: Vec<String> = listeners.iter().map(|l| l.local_addr().unwrap().to_string()).collect();
+    names.extend_from_slice(extra);
+    let members: Vec<Member> = names.iter().map(|n| Member { name: n.clone(), weight: 1.0 }).collect();
+    let mut nodes = Vec::new();
+    for (i, listener) in listeners.into_iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = open_cache(dir.path());
+        let metrics = Arc::new(PeerMetrics::default());
+        let state = ServeState {
+            secret: test_secret(1),
+            cache: cache.clone(),
+            origin: Arc::new(SharedOrigin(origin.clone())),
+            metrics: metrics.clone(),
+        };
+        let server = tokio::spawn(serve(listener, state));
+        let membership =
+            Membership::start(MemberSource::Static(members.clone()), Duration::from_secs(1)).await.unwrap();
+        let client = PeerClient::new(test_secret(1), TIMEOUTS);
+        let tier = PeerTier::new(Some(names[i].clone()), membership, client, FAILOVER, metrics.clone());
+        nodes.push(Node { name: names[i].clone(), cache, tier, metrics, _server: server, _dir: dir });
+    }
+    nodes
+}
+
+/// Chunk indexes of `origin` whose first rendezvous choice among `names` is `owner`.
+fn owned_by(origin: &TestOrigin, names: &[String], owner: &str, count: usize) -> Vec<u64> {
+    let members: Vec<Member> = names.iter().map(|n| Member { name: n.clone(), weight: 1.0 }).collect();
+    (0..).filter(|&i| rank(&origin.key(i).id(), &members)[0].name == owner).take(count).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_chunk_crosses_the_origin_once_whichever_nodes_read_it() {
+    let origin = TestOrigin::new((10 * CHUNK - 100) as usize);
+    let nodes = Arc::new(cluster(3, &origin, &[]).await);
+    // Every node reads every chunk, all at once.
+    let mut reads = Vec::new();
+    for n in 0..nodes.len() {
+        for i in 0..origin.chunks() {
+            let (nodes, origin) = (nodes.clone(), origin.clone());
+            reads.push(tokio::spawn(async move { (i, nodes[n].read(&origin, i).await) }));
+        }
+    }
+    for r in reads {
+        let (i, bytes) = r.await.unwrap();
+        assert_eq!(bytes, origin.expected(i), "chunk {i}");
+    }
+    let asked = origin.asked();
+    assert_eq!(asked.len() as u64, origin.chunks(), "every chunk asked of the origin");
+    assert!(asked.values().all(|&n| n == 1), "each chunk asked once: {asked:?}");
+    let total = origin.data.len() as u64;
+    let from_peers: u64 = nodes.iter().map(|n| n.metrics.peer_bytes.get()).sum();
+    let served: u64 = nodes.iter().map(|n| n.metrics.served_bytes.get()).sum();
+    assert_eq!(from_peers, 2 * total, "two of three nodes got each chunk from its owner");
+    assert_eq!(served, from_peers);
+    assert!(nodes.iter().all(|n| n.metrics.origin_fallbacks.get() == 0));
+}
+
+#[tokio::test]
+async fn a_request_without_the_clusters_secret_is_refused() {
+    let origin = TestOrigin::new(CHUNK as usize);
+    let nodes = cluster(1, &origin, &[]).await;
+    let req = ChunkRequest { key: origin.key(0), size: CHUNK };
+    let stranger = PeerClient::new(test_secret(2), TIMEOUTS);
+    match stranger.get_chunk(&nodes[0].name, &req).await {
+        Err(PeerError::Status { status: 401, message, .. }) => {
+            assert_eq!(message, "the request is not signed with this cluster's peer secret")
+        }
+        other => panic!("{other:?}"),
+    }
+    // And a plain request with no signature at all.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(&nodes[0].name).await.unwrap();
+    let head = format!("GET {} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", req.path_and_query());
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tcp.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(origin.asked().is_empty(), "nothing was fetched for them");
+    assert_eq!(nodes[0].metrics.refused.get(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_or_stalled_member_is_tried_once_and_the_bytes_stay_right() {
+    let origin = TestOrigin::new((64 * CHUNK) as usize);
+    // A member whose port refuses (killed), and one that takes the connection and never
+    // answers (stopped).
+    let refused = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let stalled = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let extra = [refused.clone(), stalled.local_addr().unwrap().to_string()];
+    let nodes = cluster(2, &origin, &extra).await;
+    let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).chain(extra.iter().cloned()).collect();
+    for dead in &extra {
+        for i in owned_by(&origin, &names, dead, 3) {
+            assert_eq!(nodes[0].read(&origin, i).await, origin.expected(i), "chunk {i}");
+        }
+    }
+    let m = &nodes[0].metrics;
+    assert_eq!(m.peer_errors.get(), 2, "each dead member was tried once, then skipped");
+    assert_eq!(m.peer_timeouts.get(), 1, "the stalled one cost one connect timeout");
+    assert_eq!(m.suspects.get(), 2);
+    let states = nodes[0].tier.members();
+    assert!(extra.iter().all(|d| states.contains(&(d.clone(), true))), "{states:?}");
+    assert!(origin.asked().values().all(|&n| n == 1));
+    drop(stalled);
+}
+
+/// A member that answers with one byte changed, and the CRC32C of the true bytes.
+async fn lying_member(origin: Arc<TestOrigin>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let name = listener.local_addr().unwrap().to_string();
+    let lie = move |uri: axum::http::Uri| {
+        let origin = origin.clone();
+        async move {
+            let req = ChunkRequest::from_query(uri.query().unwrap()).unwrap();
+            let Identity::Object { index, .. } = req.key.identity else { unreachable!() };
+            let truth = origin.expected(index);
+            let mut bytes = truth.to_vec();
+            bytes[7] ^= 0x40;
+            ([(CRC_HEADER, format!("{:08x}", crc32c(&truth)))], bytes)
+        }
+    };
+    let app = axum::Router::new().route(CHUNK_PATH, axum::routing::get(lie));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    name
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_sends_wrong_bytes_is_caught_and_skipped() {
+    let origin = TestOrigin::new((64 * CHUNK) as usize);
+    let liar = lying_member(origin.clone()).await;
+    let nodes = cluster(2, &origin, std::slice::from_ref(&liar)).await;
+    let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).chain([liar.clone()]).collect();
+    for i in owned_by(&origin, &names, &liar, 4) {
+        assert_eq!(nodes[0].read(&origin, i).await, origin.expected(i), "chunk {i}");
+    }
+    let m = &nodes[0].metrics;
+    assert_eq!((m.peer_corrupt.get(), m.suspects.get()), (1, 1), "caught once, then skipped");
+    assert_eq!(m.peer_bytes.get() + m.origin_bytes.get(), 4 * CHUNK, "every byte from a sound source");
+}
+
+#[tokio::test]
+async fn with_no_members_a_node_reads_from_the_origin_as_before() {
+    let origin = TestOrigin::new((3 * CHUNK) as usize);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = open_cache(dir.path());
+    let membership = Membership::start(MemberSource::Static(vec![]), Duration::from_secs(1)).await.unwrap();
+    let metrics = Arc::new(PeerMetrics::default());
+    let tier = PeerTier::new(None, membership, PeerClient::new(test_secret(1), TIMEOUTS), FAILOVER, metrics.clone());
+    let fetcher = tier.wrap(Arc::new(OriginFetcher(origin.clone())), origin.data.len() as u64);
+    for i in 0..3 {
+        assert_eq!(
+            cache.get(&origin.key(i), fetcher.clone(), GetOptions::default()).await.unwrap(),
+            origin.expected(i)
+        );
+    }
+    assert_eq!((metrics.origin_bytes.get(), metrics.origin_fallbacks.get()), (3 * CHUNK, 0));
+}

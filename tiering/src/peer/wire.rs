@@ -1,0 +1,68 @@
+//! What crosses the peer port: `GET /strata/v1/chunk?k=KEY` over HTTP/2, where KEY is the
+//! chunk's request in base64url JSON (its [`ChunkKey`] and the size of the object it is cut
+//! from), signed as [`super::auth`] says. The answer is the chunk's bytes, with their CRC32C
+//! in a header so that the requester checks what crossed the wire before it keeps a byte.
+
+use crate::ChunkKey;
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+
+pub const CHUNK_PATH: &str = "/strata/v1/chunk";
+/// The response header with the CRC32C of the whole chunk, in hex.
+pub const CRC_HEADER: &str = "x-strata-crc32c";
+
+/// A chunk asked of a peer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkRequest {
+    pub key: ChunkKey,
+    /// The size of the object the chunk is cut from: the last chunk is shorter.
+    pub size: u64,
+}
+
+impl ChunkRequest {
+    /// The path and query of the request.
+    pub fn path_and_query(&self) -> String {
+        let json = serde_json::to_vec(self).expect("a chunk request serialises");
+        format!("{CHUNK_PATH}?k={}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json))
+    }
+
+    /// The request in the query `query` (without its `?`).
+    pub fn from_query(query: &str) -> Result<ChunkRequest, String> {
+        let k = query.strip_prefix("k=").ok_or("no k= in the query")?;
+        let json = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(k)
+            .map_err(|e| format!("k is not base64url: {e}"))?;
+        serde_json::from_slice(&json).map_err(|e| format!("k is not a chunk request: {e}"))
+    }
+
+    /// How many bytes the chunk holds, if its key is of a chunk of an object.
+    pub fn expected_len(&self) -> Option<u64> {
+        match &self.key.identity {
+            crate::Identity::Object { index, chunk_size, .. } => {
+                let offset = index.checked_mul(*chunk_size)?;
+                (offset < self.size || (offset == 0 && self.size == 0)).then(|| (*chunk_size).min(self.size - offset))
+            }
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_crosses_the_wire_unchanged_and_knows_its_length() {
+        let r = ChunkRequest { key: ChunkKey::object("ds/a b?#.bin", "\"e1\"", 2, 4 << 20), size: (8 << 20) + 5 };
+        let pq = r.path_and_query();
+        let (path, query) = pq.split_once('?').unwrap();
+        assert_eq!(path, CHUNK_PATH);
+        assert!(query.bytes().all(|b| b.is_ascii_alphanumeric() || b"=-_".contains(&b)), "{query}");
+        assert_eq!(ChunkRequest::from_query(query).unwrap(), r);
+        assert_eq!(r.expected_len(), Some(5));
+        let past = ChunkRequest { size: 8 << 20, ..r.clone() };
+        assert_eq!(past.expected_len(), None, "a chunk past the object's end");
+        assert!(ChunkRequest::from_query("k=@@").unwrap_err().contains("base64url"));
+        assert!(ChunkRequest::from_query("x=1").is_err());
+    }
+}
