@@ -240,4 +240,19 @@ fn print_status(s: &StatusReport) {
         s.cache.evictions,
         s.cache.checksum_failures
     );
+    if let Some(p) = &s.peers {
+        let states: Vec<String> = p.members.iter().map(|m| format!("{} ({})", m.name, m.state)).collect();
+        println!("peers: {} members: {}", p.members.len(), states.join(", "));
+        println!(
+            "peer bytes received {}, served {}; origin bytes {}; errors {} (timeouts {}, corrupt {}); origin fallbacks {}; refused {}",
+            ByteSize(p.received_bytes),
+            ByteSize(p.served_bytes),
+            ByteSize(p.origin_bytes),
+            p.errors,
+            p.timeouts,
+            p.corrupt,
+            p.origin_fallbacks,
+            p.refused
+        );
+    }
 }

@@ -141,6 +141,8 @@ pub struct Daemon {
     pub config: PathBuf,
     pub socket: PathBuf,
     pub metrics: String,
+    /// The network namespace it runs in (`/var/run/netns/NAME`), if not the host's.
+    pub netns: Option<String>,
     child: Option<Child>,
 }
 
@@ -182,14 +184,20 @@ impl Daemon {
             sock = socket.display(),
         );
         std::fs::write(&config, text).unwrap();
-        let mut d = Daemon { dir, config, socket, metrics: format!("127.0.0.1:{port}"), child: None };
+        let mut d = Daemon { dir, config, socket, metrics: format!("127.0.0.1:{port}"), netns: None, child: None };
         d.spawn();
         d
     }
 
     /// Starts the daemon on an existing config file.
     pub fn with_config(dir: tempfile::TempDir, config: PathBuf, socket: PathBuf) -> Daemon {
-        let mut d = Daemon { dir, config, socket, metrics: String::new(), child: None };
+        Daemon::with_config_in(dir, config, socket, None)
+    }
+
+    /// As [`Daemon::with_config`], in network namespace `netns` when given: entered with
+    /// nsenter for the network alone, so its sockets and mounts stay where the test sees them.
+    pub fn with_config_in(dir: tempfile::TempDir, config: PathBuf, socket: PathBuf, netns: Option<String>) -> Daemon {
+        let mut d = Daemon { dir, config, socket, metrics: String::new(), netns, child: None };
         d.spawn();
         d
     }
@@ -210,7 +218,15 @@ impl Daemon {
     pub fn spawn(&mut self) {
         let seen = self.log().len();
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()).unwrap();
-        let child = Command::new(BIN)
+        let mut command = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/var/run/netns/{ns}")).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        let child = command
             .args(["daemon", "--config"])
             .arg(&self.config)
             .env("STRATA_LOG", std::env::var("STRATA_TEST_LOG").unwrap_or_else(|_| "info".into()))

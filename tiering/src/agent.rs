@@ -25,6 +25,12 @@ pub enum AgentError {
     Metrics { listen: String, source: std::io::Error },
     #[error("internal task failed: {0}")]
     Task(String),
+    #[error("peers: {0}")]
+    Members(#[from] crate::peer::MembersError),
+    #[error("peers.secret_file: {0}")]
+    PeerSecret(#[from] crate::peer::auth::AuthError),
+    #[error("peers.listen {listen}: {source}")]
+    PeerListen { listen: String, source: std::io::Error },
 }
 
 /// A started agent; [`Agent::run`] serves until the shutdown future completes.
@@ -43,7 +49,10 @@ impl Agent {
         let cache = tokio::task::spawn_blocking(move || TieredCache::open(cc))
             .await
             .map_err(|e| AgentError::Task(e.to_string()))??;
-        let source = ObjectSource::new(&config.cold, &config.cold_default_dir())?;
+        let mut source = ObjectSource::new(&config.cold, &config.cold_default_dir())?;
+        if let Some(p) = &config.peers {
+            source = source.with_peers(peer_tier(p).await?);
+        }
         // An unreachable cold store is not fatal: cached chunks can still be served, and the
         // store may come back. Say so loudly, once.
         match source.probe().await {
@@ -74,6 +83,10 @@ impl Agent {
             Some(services::serve_metrics(&self.config.metrics.listen, registry, stopped()).await?)
         };
         let policy_task = services::spawn_policy(self.cache.clone(), self.config.policy.interval.0, stopped());
+        let peer_task = match (&self.config.peers, self.source.peers()) {
+            (Some(p), Some(tier)) => Some(self.serve_peers(p, tier, stopped()).await?),
+            _ => None,
+        };
 
         let state = AdminState::new(self.cache.clone(), self.source.clone(), self.config.policy_file());
         info!(socket = %socket.display(), cold = self.source.describe(), "strata daemon ready");
@@ -84,6 +97,9 @@ impl Agent {
         stop.stop();
         let _ = admin.await;
         let _ = policy_task.await;
+        if let Some(t) = peer_task {
+            let _ = t.await;
+        }
         if let Some(t) = metrics_task {
             let _ = t.await;
         }
@@ -93,6 +109,43 @@ impl Agent {
         }
         let _ = std::fs::remove_file(&socket);
         Ok(())
+    }
+}
+
+/// The peer tier `p` configures: its members followed, its secret read.
+async fn peer_tier(p: &crate::peer::PeersConfig) -> Result<std::sync::Arc<crate::peer::PeerTier>, AgentError> {
+    use crate::peer::{Membership, PeerTier, SelfName, auth::PeerSecret, client::PeerClient};
+    let secret = PeerSecret::from_file(&p.secret_file)?;
+    let membership = Membership::start(p.source(), p.refresh.0).await?;
+    let me = match &p.advertise {
+        Some(name) => SelfName::Named(name.clone()),
+        None => SelfName::Detect { port: p.listen_port() },
+    };
+    let client = PeerClient::new(secret, p.timeouts());
+    Ok(PeerTier::new(me, membership, client, p.failover(), Default::default()))
+}
+
+impl Agent {
+    /// Binds the peer port and serves it until `stop`: binding first, so that a taken port is
+    /// an error at start.
+    async fn serve_peers(
+        &self,
+        p: &crate::peer::PeersConfig,
+        tier: &std::sync::Arc<crate::peer::PeerTier>,
+        stop: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<tokio::task::JoinHandle<std::io::Result<()>>, AgentError> {
+        use crate::peer::server::{ServeState, serve};
+        let listener = tokio::net::TcpListener::bind(&p.listen)
+            .await
+            .map_err(|source| AgentError::PeerListen { listen: p.listen.clone(), source })?;
+        let state = ServeState {
+            secret: crate::peer::auth::PeerSecret::from_file(&p.secret_file)?,
+            cache: self.cache.clone(),
+            origin: std::sync::Arc::new(self.source.clone()),
+            metrics: tier.metrics_handle(),
+        };
+        info!(listen = %p.listen, members = tier.members().len(), "serving peers");
+        Ok(tokio::spawn(serve(listener, state, stop)))
     }
 }
 

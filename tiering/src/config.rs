@@ -35,6 +35,9 @@ pub struct Config {
     pub mounts: Vec<MountConfig>,
     #[serde(default)]
     pub snapshotter: SnapshotterConfig,
+    /// The peer tier (`[peers]`): none unless the section is there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peers: Option<crate::peer::PeersConfig>,
 }
 
 /// `[snapshotter]`: the containerd snapshotter the daemon serves as a proxy plugin.
@@ -450,6 +453,15 @@ impl Config {
         }
         if self.snapshotter.layer_memory_budget.0 < 8 << 20 {
             return err("snapshotter.layer_memory_budget".into(), "must be at least 8MiB".into());
+        }
+        if let Some(Err((key, message))) = self.peers.as_ref().map(|p| p.validate()) {
+            return err(key, message);
+        }
+        if let Some(p) = &self.peers
+            && !self.metrics.listen.is_empty()
+            && p.listen_port() == self.metrics.listen.parse::<std::net::SocketAddr>().map_or(0, |a| a.port())
+        {
+            return err("peers.listen".into(), format!("port {} is the metrics endpoint's", p.listen_port()));
         }
         for (i, m) in self.mounts.iter().enumerate() {
             let key = |f: &str| format!("mounts[{i}].{f}");

@@ -49,6 +49,9 @@ pub fn registry(cache: &TieredCache, source: &ObjectSource) -> Registry {
         "HTTP requests sent to the object store, retries and listing pages included, by method and status class",
         source.requests(),
     );
+    if let Some(tier) = source.peers() {
+        tier.metrics().register(&mut registry);
+    }
     registry
 }
 

@@ -210,6 +210,8 @@ pub struct ObjectSource {
     pub(crate) parts: Option<Arc<PartCopier>>,
     /// Every HTTP request sent to the store, by method and outcome.
     requests: RequestCounts,
+    /// The peer tier, asked before the store on a miss when the node has members.
+    peers: Option<Arc<crate::peer::PeerTier>>,
 }
 
 impl ObjectSource {
@@ -351,7 +353,19 @@ impl ObjectSource {
             s3: s3_client,
             parts,
             requests,
+            peers: None,
         })
+    }
+
+    /// This source with the peer tier `tier` before the store: a miss asks the chunk's owner
+    /// first.
+    pub fn with_peers(mut self, tier: Arc<crate::peer::PeerTier>) -> ObjectSource {
+        self.peers = Some(tier);
+        self
+    }
+
+    pub fn peers(&self) -> Option<&Arc<crate::peer::PeerTier>> {
+        self.peers.as_ref()
     }
 
     /// The HTTP requests sent to the store so far, by method and outcome (none for a local
@@ -541,8 +555,19 @@ impl ObjectSource {
         Ok(bytes)
     }
 
-    /// A fetcher for chunks of one object version.
+    /// A fetcher for chunks of one object version: through the peer tier when the node has
+    /// one, else from the store.
     pub fn fetcher(&self, o: &ObjectInfo) -> Arc<dyn Fetcher> {
+        let origin = self.origin_fetcher(o);
+        match &self.peers {
+            Some(tier) => tier.wrap(origin, o.size),
+            None => origin,
+        }
+    }
+
+    /// A fetcher for chunks of one object version from the store itself: what a node serving
+    /// its peers uses, so that a request never goes round the members.
+    pub fn origin_fetcher(&self, o: &ObjectInfo) -> Arc<dyn Fetcher> {
         Arc::new(ObjectFetcher { source: self.clone(), size: o.size })
     }
 

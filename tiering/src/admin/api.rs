@@ -26,6 +26,34 @@ pub struct StatusReport {
     pub chunk_size: u64,
     #[serde(flatten)]
     pub cache: CacheStatus,
+    /// The peer tier, when the node has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peers: Option<PeersStatus>,
+}
+
+/// The peer tier as `strata tier status` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeersStatus {
+    pub members: Vec<PeerMember>,
+    /// Chunk bytes this node's misses got from peers, and from the origin.
+    pub received_bytes: u64,
+    pub origin_bytes: u64,
+    /// Chunk bytes this node served to peers.
+    pub served_bytes: u64,
+    pub errors: u64,
+    pub timeouts: u64,
+    pub corrupt: u64,
+    /// Misses that went to the origin because no member could serve them.
+    pub origin_fallbacks: u64,
+    /// Requests refused for want of the cluster's secret.
+    pub refused: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeerMember {
+    pub name: String,
+    /// `self`, `ok`, or `suspect` (failed lately, skipped for now).
+    pub state: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -100,7 +100,37 @@ async fn status(State(s): State<AdminState>) -> Json<StatusReport> {
         cold: s.source.describe().to_string(),
         chunk_size: s.source.chunk_size(),
         cache: s.cache.status(),
+        peers: s.source.peers().map(|t| peers_status(t)),
     })
+}
+
+fn peers_status(t: &crate::peer::PeerTier) -> crate::admin::api::PeersStatus {
+    let m = t.metrics();
+    let members = t
+        .members()
+        .into_iter()
+        .map(|(name, suspect)| {
+            let state = if t.is_self(&name) {
+                "self"
+            } else if suspect {
+                "suspect"
+            } else {
+                "ok"
+            };
+            crate::admin::api::PeerMember { name, state: state.into() }
+        })
+        .collect();
+    crate::admin::api::PeersStatus {
+        members,
+        received_bytes: m.peer_bytes.get(),
+        origin_bytes: m.origin_bytes.get(),
+        served_bytes: m.served_bytes.get(),
+        errors: m.peer_errors.get(),
+        timeouts: m.peer_timeouts.get(),
+        corrupt: m.peer_corrupt.get(),
+        origin_fallbacks: m.origin_fallbacks.get(),
+        refused: m.refused.get(),
+    }
 }
 
 fn policy_view(s: &AdminState) -> PolicyView {

@@ -27,11 +27,36 @@ pub struct FailoverOptions {
     pub tries: usize,
 }
 
+/// How this node knows which member it is itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SelfName {
+    /// As configured (`peers.advertise`).
+    Named(String),
+    /// The member whose address is one of this node's, at the port this node serves peers on.
+    /// Whether an address is this node's is told by binding a socket to it: nothing is sent.
+    Detect { port: u16 },
+    /// This node asks peers but is not one of the members.
+    NotMember,
+}
+
+impl SelfName {
+    fn is(&self, member: &str) -> bool {
+        match self {
+            SelfName::Named(n) => n == member,
+            SelfName::Detect { port } => member
+                .parse::<std::net::SocketAddr>()
+                .is_ok_and(|a| a.port() == *port && std::net::UdpSocket::bind((a.ip(), 0)).is_ok()),
+            SelfName::NotMember => false,
+        }
+    }
+}
+
 /// This node's view of the peer tier.
 #[derive(Debug)]
 pub struct PeerTier {
-    /// This node's own member name, when it is one of the members.
-    self_name: Option<String>,
+    me: SelfName,
+    /// What [`SelfName::is`] said of each member seen.
+    is_me: Mutex<HashMap<String, bool>>,
     membership: Membership,
     client: PeerClient,
     failover: FailoverOptions,
@@ -43,14 +68,15 @@ pub struct PeerTier {
 
 impl PeerTier {
     pub fn new(
-        self_name: Option<String>,
+        me: SelfName,
         membership: Membership,
         client: PeerClient,
         failover: FailoverOptions,
         metrics: Arc<PeerMetrics>,
     ) -> Arc<PeerTier> {
         Arc::new(PeerTier {
-            self_name,
+            me,
+            is_me: Mutex::new(HashMap::new()),
             membership,
             client,
             failover,
@@ -69,9 +95,20 @@ impl PeerTier {
         &self.metrics
     }
 
+    /// The metrics, to share with the peer port's server.
+    pub fn metrics_handle(&self) -> Arc<PeerMetrics> {
+        self.metrics.clone()
+    }
+
     /// The members now, each with whether it is suspect here.
     pub fn members(&self) -> Vec<(String, bool)> {
         self.membership.current().list().iter().map(|m| (m.name.clone(), self.is_suspect(&m.name))).collect()
+    }
+
+    /// Whether `member` is this node.
+    pub fn is_self(&self, member: &str) -> bool {
+        let mut seen = self.is_me.lock().unwrap_or_else(|p| p.into_inner());
+        *seen.entry(member.to_owned()).or_insert_with(|| self.me.is(member))
     }
 
     fn is_suspect(&self, member: &str) -> bool {
@@ -102,7 +139,7 @@ impl PeerTier {
         }
         let mut tried = 0;
         for m in members.rank(&req.key.id()) {
-            if self.self_name.as_deref() == Some(m.name.as_str()) {
+            if self.is_self(&m.name) {
                 // This node owns the chunk (or stands in for the owners before it).
                 self.falling_back.store(false, Ordering::Relaxed);
                 return None;

@@ -6,6 +6,7 @@
 
 pub mod auth;
 pub mod client;
+pub mod config;
 pub mod fetcher;
 pub mod members;
 pub mod placement;
@@ -14,7 +15,8 @@ pub mod server;
 mod tests;
 pub mod wire;
 
-pub use fetcher::{FailoverOptions, PeerTier};
+pub use config::PeersConfig;
+pub use fetcher::{FailoverOptions, PeerTier, SelfName};
 pub use members::{Member, MemberSource, Members, MembersError, Membership};
 pub use placement::{owner_score, rank};
 

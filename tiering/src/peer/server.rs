@@ -38,7 +38,7 @@ impl Origin for ObjectSource {
             version: version.clone(),
             modified: std::time::UNIX_EPOCH,
         };
-        Ok(ObjectSource::fetcher(self, &info))
+        Ok(self.origin_fetcher(&info))
     }
 }
 
@@ -61,9 +61,13 @@ pub fn router(state: ServeState) -> axum::Router {
     axum::Router::new().route(CHUNK_PATH, axum::routing::get(chunk)).with_state(state)
 }
 
-/// Serves the peer port on `listener` until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, state: ServeState) -> std::io::Result<()> {
-    axum::serve(listener, router(state)).await
+/// Serves the peer port on `listener` until `stop` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: ServeState,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state)).with_graceful_shutdown(stop).await
 }
 
 async fn chunk(State(s): State<ServeState>, uri: Uri, headers: HeaderMap) -> Response {

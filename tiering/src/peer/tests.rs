@@ -130,11 +130,11 @@ async fn cluster(n: usize, origin: &Arc<TestOrigin>, extra: &[String]) -> Vec<No
             origin: Arc::new(SharedOrigin(origin.clone())),
             metrics: metrics.clone(),
         };
-        let server = tokio::spawn(serve(listener, state));
+        let server = tokio::spawn(serve(listener, state, std::future::pending()));
         let membership =
             Membership::start(MemberSource::Static(members.clone()), Duration::from_secs(1)).await.unwrap();
         let client = PeerClient::new(test_secret(1), TIMEOUTS);
-        let tier = PeerTier::new(Some(names[i].clone()), membership, client, FAILOVER, metrics.clone());
+        let tier = PeerTier::new(SelfName::Named(names[i].clone()), membership, client, FAILOVER, metrics.clone());
         nodes.push(Node { name: names[i].clone(), cache, tier, metrics, _server: server, _dir: dir });
     }
     nodes
@@ -266,7 +266,13 @@ async fn with_no_members_a_node_reads_from_the_origin_as_before() {
     let cache = open_cache(dir.path());
     let membership = Membership::start(MemberSource::Static(vec![]), Duration::from_secs(1)).await.unwrap();
     let metrics = Arc::new(PeerMetrics::default());
-    let tier = PeerTier::new(None, membership, PeerClient::new(test_secret(1), TIMEOUTS), FAILOVER, metrics.clone());
+    let tier = PeerTier::new(
+        SelfName::NotMember,
+        membership,
+        PeerClient::new(test_secret(1), TIMEOUTS),
+        FAILOVER,
+        metrics.clone(),
+    );
     let fetcher = tier.wrap(Arc::new(OriginFetcher(origin.clone())), origin.data.len() as u64);
     for i in 0..3 {
         assert_eq!(
@@ -275,4 +281,16 @@ async fn with_no_members_a_node_reads_from_the_origin_as_before() {
         );
     }
     assert_eq!((metrics.origin_bytes.get(), metrics.origin_fallbacks.get()), (3 * CHUNK, 0));
+}
+
+#[tokio::test]
+async fn a_node_finds_itself_among_the_members_by_its_address_and_port() {
+    let membership = Membership::start(MemberSource::Static(vec![]), Duration::from_secs(1)).await.unwrap();
+    let client = PeerClient::new(test_secret(1), TIMEOUTS);
+    let tier = PeerTier::new(SelfName::Detect { port: 7470 }, membership, client, FAILOVER, Default::default());
+    assert!(tier.is_self("127.0.0.1:7470"));
+    assert!(!tier.is_self("127.0.0.1:7471"), "another daemon on this host");
+    // An address of the test range that no interface here has: binding to it fails.
+    assert!(!tier.is_self("198.18.200.200:7470"));
+    assert!(!tier.is_self("node-a.strata.svc:7470"), "a name is not guessed at");
 }
