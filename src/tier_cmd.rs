@@ -244,15 +244,20 @@ fn print_status(s: &StatusReport) {
         let states: Vec<String> = p.members.iter().map(|m| format!("{} ({})", m.name, m.state)).collect();
         println!("peers: {} members: {}", p.members.len(), states.join(", "));
         println!(
-            "peer bytes received {}, served {}; origin bytes {}; errors {} (timeouts {}, corrupt {}); origin fallbacks {}; refused {}",
+            "peer bytes received {}, served {} (as holder {}); origin bytes {}; errors {} (timeouts {}, corrupt {}); origin fallbacks {}; refused {}",
             ByteSize(p.received_bytes),
             ByteSize(p.served_bytes),
+            ByteSize(p.holder_served_bytes),
             ByteSize(p.origin_bytes),
             p.errors,
             p.timeouts,
             p.corrupt,
             p.origin_fallbacks,
             p.refused
+        );
+        println!(
+            "hot-chunk askers sent on {}, redirects followed {}; stalled transfers resumed {}",
+            p.redirects, p.redirected, p.resumed
         );
     }
 }

@@ -121,6 +121,28 @@ fn the_kubernetes_manifests_agree_with_the_agent_and_containerd() {
     assert_eq!(kube::strings(&c["readinessProbe"]["exec"]["command"]), ["strata", "tier", "status"]);
     assert_eq!(config.admin.socket, Path::new("/run/strata/admin.sock"));
 
+    // The peer tier's members are the ready agents: a headless Service over the DaemonSet's
+    // pods at the peer port, whose DNS name the config follows; the secret is a mounted Secret.
+    let peers = config.peers.as_ref().expect("the DaemonSet's agents form a peer tier");
+    let svc = kube::find(&docs, "Service", "strata-peers");
+    assert_eq!(svc["spec"]["clusterIP"], "None", "headless: its name resolves to every member");
+    assert_eq!(svc["spec"]["selector"], ds["spec"]["selector"]["matchLabels"]);
+    assert_eq!(ds["spec"]["template"]["spec"]["hostNetwork"], true, "members are reached at the node's address");
+    let dns = format!("strata-peers.{}.svc.cluster.local", ds["metadata"]["namespace"].as_str().unwrap());
+    assert_eq!(peers.members_dns.as_deref(), Some(dns.as_str()));
+    assert_eq!(svc["spec"]["ports"][0]["port"].as_u64(), Some(u64::from(peers.listen_port())));
+    assert!(c["ports"].as_array().unwrap().iter().any(|p| p["containerPort"].as_u64() == Some(7470)));
+    let secret_mount = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| peers.secret_file.parent() == Some(Path::new(m["mountPath"].as_str().unwrap())))
+        .expect("the peer secret's directory is a mounted volume");
+    let secret_name = kube::volume(pod, secret_mount["name"].as_str().unwrap())["secret"]["secretName"].clone();
+    let peer_secret = kube::find(&docs, "Secret", secret_name.as_str().unwrap());
+    let file = peers.secret_file.file_name().unwrap().to_str().unwrap();
+    assert!(peer_secret["stringData"][file].as_str().is_some_and(|s| s.len() >= 32), "the Secret has `{file}`");
+
     // The training job mounts the directory that holds the mounts, so that a mount made again
     // reaches it, and its arguments name paths inside the mounts.
     let job = kube::find(&docs, "Job", "train-resnet");
@@ -163,6 +185,12 @@ fn test_config(docs: &[Value], rgw: &Rgw, prefix: &str, vols: &Volumes) -> Strin
     let cold: toml::Table = rgw.cold_toml(&format!("prefix = \"{}\"", prefix.trim_end_matches('/'))).parse().unwrap();
     t.insert("cold".into(), cold["cold"].clone());
     t["metrics"]["listen"] = toml::Value::String(format!("127.0.0.1:{}", free_port()));
+    // One node, no cluster DNS: the peer tier with this node as its only member, on loopback,
+    // its secret read from the Secret's volume as in the pod.
+    let port = free_port();
+    t["peers"]["members"] = toml::Value::Array(vec![format!("127.0.0.1:{port}").into()]);
+    t["peers"]["listen"] = format!("127.0.0.1:{port}").into();
+    t["peers"].as_table_mut().unwrap().remove("members_dns");
     // A test-sized cache: the manifest's tiers are a node's terabytes.
     t["tiers"]["hot"]["capacity"] = "1GiB".into();
     t["tiers"]["warm"]["capacity"] = "1GiB".into();
@@ -240,7 +268,14 @@ fn fuse_root_rgw_a_training_pod_keeps_its_dataset_when_the_agent_pod_is_replaced
     let _shared = SharedDir::new(&root);
     let config_dir = node_dir.path().join("configmap");
     std::fs::create_dir_all(&config_dir).unwrap();
-    let vols = Volumes { root: root.clone(), dirs: vec![("config".into(), config_dir.clone())], propagation: None };
+    let secret_dir = node_dir.path().join("peer-secret");
+    std::fs::create_dir_all(&secret_dir).unwrap();
+    std::fs::write(secret_dir.join("secret"), "0123456789abcdef0123456789abcdef\n").unwrap();
+    let vols = Volumes {
+        root: root.clone(),
+        dirs: vec![("config".into(), config_dir.clone()), ("peer-secret".into(), secret_dir)],
+        propagation: None,
+    };
     std::fs::write(config_dir.join("config.toml"), test_config(&docs, &rgw, &prefix, &vols)).unwrap();
     let log = node_dir.path().join("agent.log");
 

@@ -122,7 +122,7 @@ async fn peer_tier(p: &crate::peer::PeersConfig) -> Result<std::sync::Arc<crate:
         None => SelfName::Detect { port: p.listen_port() },
     };
     let client = PeerClient::new(secret, p.timeouts());
-    Ok(PeerTier::new(me, membership, client, p.failover(), Default::default()))
+    Ok(PeerTier::new(me, membership, client, p.failover(), Default::default(), p.not_shared.clone()))
 }
 
 impl Agent {
@@ -143,6 +143,8 @@ impl Agent {
             cache: self.cache.clone(),
             origin: std::sync::Arc::new(self.source.clone()),
             metrics: tier.metrics_handle(),
+            hot: crate::peer::hot::HotChunks::new(p.hot_fanout),
+            not_shared: std::sync::Arc::new(p.not_shared.clone()),
         };
         info!(listen = %p.listen, members = tier.members().len(), "serving peers");
         Ok(tokio::spawn(serve(listener, state, stop)))

@@ -38,8 +38,18 @@ pub struct PeersStatus {
     /// Chunk bytes this node's misses got from peers, and from the origin.
     pub received_bytes: u64,
     pub origin_bytes: u64,
-    /// Chunk bytes this node served to peers.
+    /// Chunk bytes this node served to peers as owner, and as a holder an owner named.
     pub served_bytes: u64,
+    #[serde(default)]
+    pub holder_served_bytes: u64,
+    /// Askers of a hot chunk this node sent on to a holder, and redirects it followed.
+    #[serde(default)]
+    pub redirects: u64,
+    #[serde(default)]
+    pub redirected: u64,
+    /// Stalled transfers resumed at their offset from another member.
+    #[serde(default)]
+    pub resumed: u64,
     pub errors: u64,
     pub timeouts: u64,
     pub corrupt: u64,

@@ -4,7 +4,7 @@
 //! its digest) before a byte of it is handed on.
 
 use super::auth::{AUTH_HEADER, PeerSecret, now_secs};
-use super::wire::{CRC_HEADER, ChunkRequest};
+use super::wire::{CRC_HEADER, ChunkRequest, HOLDER_HEADER};
 use crate::chunkfile::crc32c;
 use crate::{ChunkKey, Identity};
 use bytes::{Bytes, BytesMut};
@@ -38,13 +38,17 @@ pub enum PeerError {
     Status { member: String, status: u16, message: String },
     #[error("{member}: sent bytes that fail the check ({reason})")]
     Corrupt { member: String, reason: String },
+    #[error("{member}: the transfer stalled for {after:?} after {} bytes", got.len())]
+    Stalled { member: String, after: Duration, got: Bytes },
+    #[error("{member}: sending the chunk to enough members already; asks that {to} be asked")]
+    Redirect { member: String, to: String },
 }
 
 impl PeerError {
     /// Whether the member itself is at fault (and so suspect): not when it refused the request
     /// (400, 404), nor when the origin failed it (502), which the next member would meet too.
     pub fn blames_member(&self) -> bool {
-        !matches!(self, PeerError::Status { status: 400 | 404 | 502, .. })
+        !matches!(self, PeerError::Status { status: 400 | 404 | 502, .. } | PeerError::Redirect { .. })
     }
 
     /// Whether the owner reached the origin and the origin failed.
@@ -99,16 +103,18 @@ impl PeerClient {
         self.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(member);
     }
 
-    /// Chunk `req` from `member`, checked.
-    pub async fn get_chunk(&self, member: &str, req: &ChunkRequest) -> Result<Bytes, PeerError> {
-        let result = self.try_get(member, req).await;
+    /// Chunk `req` from `member`, checked. `have` holds the bytes before `req.start`, from a
+    /// transfer that stalled; the answer is the whole chunk.
+    pub async fn get_chunk(&self, member: &str, req: &ChunkRequest, have: &Bytes) -> Result<Bytes, PeerError> {
+        debug_assert_eq!(have.len() as u64, req.start);
+        let result = self.try_get(member, req, have).await;
         if result.as_ref().is_err_and(|e| e.blames_member()) {
             self.drop_connection(member);
         }
         result
     }
 
-    async fn try_get(&self, member: &str, req: &ChunkRequest) -> Result<Bytes, PeerError> {
+    async fn try_get(&self, member: &str, req: &ChunkRequest, have: &Bytes) -> Result<Bytes, PeerError> {
         let transport =
             |e: &dyn std::fmt::Display| PeerError::Transport { member: member.to_owned(), reason: e.to_string() };
         let timeout = |after| PeerError::Timeout { member: member.to_owned(), after };
@@ -123,11 +129,20 @@ impl PeerClient {
             .map_err(|_| timeout(self.timeouts.first_byte))?
             .map_err(|e| transport(&e))?;
         let (parts, mut body) = answer.into_parts();
-        let mut data = BytesMut::new();
+        if parts.status == hyper::StatusCode::TEMPORARY_REDIRECT
+            && let Some(to) = parts.headers.get(HOLDER_HEADER).and_then(|v| v.to_str().ok())
+        {
+            return Err(PeerError::Redirect { member: member.to_owned(), to: to.to_owned() });
+        }
+        let mut data = BytesMut::from(&have[..]);
         // Each piece of the body must come within the stall timeout; a whole chunk is at most a
         // few MiB, so the answer is held whole before it is checked.
         loop {
             match tokio::time::timeout(self.timeouts.stall, body.frame()).await {
+                Err(_) if parts.status.is_success() && data.len() > have.len() => {
+                    let got = data.freeze().slice(have.len()..);
+                    return Err(PeerError::Stalled { member: member.to_owned(), after: self.timeouts.stall, got });
+                }
                 Err(_) => return Err(timeout(self.timeouts.stall)),
                 Ok(None) => break,
                 Ok(Some(Err(e))) => return Err(transport(&e)),
@@ -140,7 +155,8 @@ impl PeerClient {
         }
         let data = data.freeze();
         if !parts.status.is_success() {
-            let message = String::from_utf8_lossy(&data[..data.len().min(300)]).into_owned();
+            let answer = &data[have.len()..];
+            let message = String::from_utf8_lossy(&answer[..answer.len().min(300)]).into_owned();
             return Err(PeerError::Status { member: member.to_owned(), status: parts.status.as_u16(), message });
         }
         let crc =

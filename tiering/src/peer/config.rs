@@ -4,6 +4,7 @@
 use super::client::Timeouts;
 use super::fetcher::FailoverOptions;
 use super::members::{MemberSource, parse_member};
+use crate::PathPattern;
 use crate::units::Dur;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -48,6 +49,12 @@ pub struct PeersConfig {
     /// Members tried for one chunk before the origin is.
     #[serde(default = "default_tries")]
     pub tries: usize,
+    /// Members an owner sends one chunk to at once; further askers are sent on to them.
+    #[serde(default = "default_fanout")]
+    pub hot_fanout: usize,
+    /// Paths (prefixes or globs, as in the policy) whose chunks never go to or come from peers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_shared: Vec<PathPattern>,
 }
 
 fn default_listen() -> String {
@@ -70,6 +77,9 @@ fn default_suspect() -> Dur {
 }
 fn default_tries() -> usize {
     2
+}
+fn default_fanout() -> usize {
+    4
 }
 
 impl PeersConfig {
@@ -111,6 +121,9 @@ impl PeersConfig {
         }
         if !(1..=16).contains(&self.tries) {
             return bad("tries", "must be between 1 and 16".into());
+        }
+        if !(1..=64).contains(&self.hot_fanout) {
+            return bad("hot_fanout", "must be between 1 and 64".into());
         }
         Ok(())
     }
@@ -154,6 +167,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!((c.listen_port(), c.tries, c.connect_timeout.0), (7470, 2, Duration::from_millis(250)));
+        assert_eq!((c.hot_fanout, c.not_shared.len()), (4, 0));
+        let private =
+            parse("members = [\"a:1\"]\nsecret_file = \"/s\"\nnot_shared = [\"private/\", \"**/*.key\"]\n").unwrap();
+        assert!(private.not_shared[0].matches("private/x") && private.not_shared[1].matches("a/b.key"));
         assert!(matches!(c.source(), MemberSource::Static(m) if m.len() == 2 && m[1].weight == 2.0));
         let dns = parse("members_dns = \"strata-peers.strata.svc\"\nlisten = \"0.0.0.0:7999\"\nsecret_file = \"/s\"\n")
             .unwrap();
@@ -166,6 +183,7 @@ mod tests {
             ("members = [\"a:1\"]\nlisten = \"any\"\nsecret_file = \"/s\"\n", "peers.listen: `any` is not ip:port"),
             ("members = [\"a:1\"]\nsecret_file = \"s\"\n", "peers.secret_file: must be an absolute path"),
             ("members = [\"a:1\"]\nsecret_file = \"/s\"\ntries = 0\n", "peers.tries: must be between 1 and 16"),
+            ("members = [\"a:1\"]\nsecret_file = \"/s\"\nhot_fanout = 0\n", "peers.hot_fanout: must be between 1"),
             (
                 "members = [\"a:1\"]\nsecret_file = \"/s\"\nconnect_timeout = \"0s\"\n",
                 "peers.connect_timeout: must be above 0s",

@@ -2,13 +2,14 @@
 //! before the origin. The members are tried in rendezvous order; one that fails is suspect
 //! here for a while and is skipped, so that a retry never goes to the same dead member. When
 //! this node is the owner, or every member tried failed, the origin is asked, and a fallback
-//! is counted and logged, never silent.
+//! is counted and logged, never silent. An owner busy with a hot chunk may name a holder to
+//! ask instead; a transfer that stalls is resumed at its offset from the next member.
 
 use super::PeerMetrics;
 use super::client::{PeerClient, PeerError};
 use super::members::Membership;
-use super::wire::ChunkRequest;
-use crate::{ChunkKey, FetchError, Fetcher, Identity};
+use super::wire::{Ask, ChunkRequest};
+use crate::{ChunkKey, FetchError, Fetcher, Identity, PathPattern};
 use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -64,6 +65,8 @@ pub struct PeerTier {
     metrics: Arc<PeerMetrics>,
     /// Set while fetches fall back to the origin, so that a run of them is logged once.
     falling_back: AtomicBool,
+    /// Paths whose chunks never go to peers.
+    not_shared: Vec<PathPattern>,
 }
 
 impl PeerTier {
@@ -73,6 +76,7 @@ impl PeerTier {
         client: PeerClient,
         failover: FailoverOptions,
         metrics: Arc<PeerMetrics>,
+        not_shared: Vec<PathPattern>,
     ) -> Arc<PeerTier> {
         Arc::new(PeerTier {
             me,
@@ -83,7 +87,13 @@ impl PeerTier {
             suspects: Mutex::new(HashMap::new()),
             metrics,
             falling_back: AtomicBool::new(false),
+            not_shared,
         })
+    }
+
+    /// Whether chunks of `path` may go to peers at all.
+    pub fn shares(&self, path: &str) -> bool {
+        !self.not_shared.iter().any(|p| p.matches(path))
     }
 
     /// `origin`, the fetcher of an object of `size` bytes, with the peer tier before it.
@@ -137,6 +147,9 @@ impl PeerTier {
         if members.is_empty() {
             return None;
         }
+        let me = members.list().iter().find(|m| self.is_self(&m.name)).map(|m| m.name.clone());
+        // Bytes from a transfer that stalled, which the next member is asked to go on from.
+        let mut have = Bytes::new();
         let mut tried = 0;
         for m in members.rank(&req.key.id()) {
             if self.is_self(&m.name) {
@@ -151,7 +164,11 @@ impl PeerTier {
                 break;
             }
             tried += 1;
-            match self.client.get_chunk(&m.name, req).await {
+            let ask = ChunkRequest { from: me.clone(), start: have.len() as u64, ..req.clone() };
+            if !have.is_empty() {
+                self.metrics.resumed.inc();
+            }
+            match self.ask_owner(&m.name, &ask, &have, me.as_deref()).await {
                 Ok(bytes) => {
                     self.metrics.peer_bytes.inc_by(bytes.len() as u64);
                     if self.falling_back.swap(false, Ordering::Relaxed) {
@@ -160,14 +177,11 @@ impl PeerTier {
                     return Some(bytes);
                 }
                 Err(e) => {
-                    self.metrics.peer_errors.inc();
-                    match &e {
-                        PeerError::Timeout { .. } => self.metrics.peer_timeouts.inc(),
-                        PeerError::Corrupt { .. } => self.metrics.peer_corrupt.inc(),
-                        _ => 0,
-                    };
-                    if e.blames_member() {
-                        self.mark_suspect(&m.name);
+                    self.failed(&m.name, &e);
+                    if let PeerError::Stalled { got, .. } = &e {
+                        let mut joined = have.to_vec();
+                        joined.extend_from_slice(got);
+                        have = joined.into();
                     }
                     if e.is_origin_failure() {
                         // Asked again here, once, rather than of the next member's origin too.
@@ -184,6 +198,50 @@ impl PeerTier {
         }
         None
     }
+
+    /// The chunk from `owner`, or from the holder it names when it is sending the chunk to
+    /// enough members already; should that holder fail, from the owner after all.
+    async fn ask_owner(
+        &self,
+        owner: &str,
+        req: &ChunkRequest,
+        have: &Bytes,
+        me: Option<&str>,
+    ) -> Result<Bytes, PeerError> {
+        let to = match self.client.get_chunk(owner, req, have).await {
+            Err(PeerError::Redirect { to, .. }) => to,
+            other => return other,
+        };
+        if Some(to.as_str()) != me && !self.is_suspect(&to) {
+            self.metrics.redirected.inc();
+            let holder = ChunkRequest { ask: Ask::Holder, ..req.clone() };
+            match self.client.get_chunk(&to, &holder, have).await {
+                Ok(bytes) => return Ok(bytes),
+                Err(e) => {
+                    self.failed(&to, &e);
+                    info!(chunk = %req.key, holder = %to, error = %e, "the holder an owner named failed; asking the owner");
+                }
+            }
+        }
+        self.client.get_chunk(owner, &ChunkRequest { ask: Ask::Direct, ..req.clone() }, have).await
+    }
+
+    /// Counts a failed request to `member`, and marks the member suspect if it is to blame.
+    fn failed(&self, member: &str, e: &PeerError) {
+        self.metrics.peer_errors.inc();
+        match e {
+            PeerError::Timeout { .. } | PeerError::Stalled { .. } => {
+                self.metrics.peer_timeouts.inc();
+            }
+            PeerError::Corrupt { .. } => {
+                self.metrics.peer_corrupt.inc();
+            }
+            _ => {}
+        }
+        if e.blames_member() {
+            self.mark_suspect(member);
+        }
+    }
 }
 
 struct PeerFetcher {
@@ -195,10 +253,11 @@ struct PeerFetcher {
 impl Fetcher for PeerFetcher {
     fn fetch(&self, key: &ChunkKey) -> BoxFuture<'static, Result<Bytes, FetchError>> {
         let (tier, origin) = (self.tier.clone(), self.origin.clone());
-        let req = ChunkRequest { key: key.clone(), size: self.size };
+        let req = ChunkRequest::new(key.clone(), self.size);
         async move {
             // Chunks of objects first: image chunks go to peers in a later step.
             if matches!(req.key.identity, Identity::Object { .. })
+                && tier.shares(&req.key.path)
                 && let Some(bytes) = tier.ask_peers(&req).await
             {
                 return Ok(bytes);

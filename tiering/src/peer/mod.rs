@@ -1,13 +1,15 @@
 //! The peer tier: the nodes' caches made one cluster cache, so that each chunk crosses the
 //! origin link (the object store, the registry) about once and then the node network. Who the
 //! members are ([`members`]), which one owns a chunk ([`placement`]), how they prove they are
-//! members ([`auth`]), what crosses the peer port ([`wire`]), its server ([`server`]) and its
-//! client ([`client`]), and the fetcher that puts the peers before the origin ([`fetcher`]).
+//! members ([`auth`]), what crosses the peer port ([`wire`]), its server ([`server`]) with its
+//! bound on hot chunks ([`hot`]), its client ([`client`]), and the fetcher that puts the peers
+//! before the origin ([`fetcher`]).
 
 pub mod auth;
 pub mod client;
 pub mod config;
 pub mod fetcher;
+pub mod hot;
 pub mod members;
 pub mod placement;
 pub mod server;
@@ -31,8 +33,16 @@ pub struct PeerMetrics {
     pub peer_bytes: Counter,
     /// Chunk bytes this node's misses got from the origin through the peer tier.
     pub origin_bytes: Counter,
-    /// Chunk bytes this node served to peers.
+    /// Chunk bytes this node served to peers as a chunk's owner (or its stand-in).
     pub served_bytes: Counter,
+    /// Chunk bytes this node served to peers an owner sent on to it, from what it held.
+    pub holder_served_bytes: Counter,
+    /// Askers this node, as an owner sending a hot chunk, sent on to a member that holds it.
+    pub redirects: Counter,
+    /// Redirects this node followed to a holder.
+    pub redirected: Counter,
+    /// Transfers that stalled and were resumed at their offset from another member.
+    pub resumed: Counter,
     pub peer_errors: Counter,
     pub peer_timeouts: Counter,
     /// Answers that failed the length, CRC32C or digest check.
@@ -53,7 +63,23 @@ impl PeerMetrics {
             "Chunk bytes fetched from the origin by the peer tier",
             self.origin_bytes.clone(),
         );
-        r.register("strata_peer_served_bytes", "Chunk bytes served to peers", self.served_bytes.clone());
+        r.register("strata_peer_served_bytes", "Chunk bytes served to peers as owner", self.served_bytes.clone());
+        r.register(
+            "strata_peer_holder_served_bytes",
+            "Chunk bytes served to peers an owner sent on to this node",
+            self.holder_served_bytes.clone(),
+        );
+        r.register(
+            "strata_peer_hot_redirects",
+            "Askers of a hot chunk sent on to a member that holds it",
+            self.redirects.clone(),
+        );
+        r.register("strata_peer_redirects_followed", "Hot-chunk redirects followed", self.redirected.clone());
+        r.register(
+            "strata_peer_resumed",
+            "Stalled peer transfers resumed at their offset elsewhere",
+            self.resumed.clone(),
+        );
         r.register("strata_peer_errors", "Peer requests that failed", self.peer_errors.clone());
         r.register("strata_peer_timeouts", "Peer requests that timed out", self.peer_timeouts.clone());
         r.register("strata_peer_corrupt", "Peer answers that failed their check", self.peer_corrupt.clone());

@@ -1,16 +1,21 @@
 //! The peer port: this node serves the chunks it owns (or stands in for an owner that failed)
 //! to the other members, from its own tiers, or from its origin once however many members ask
-//! at the same time: the cache's own single flight does that. Every request must be signed
-//! with the cluster's secret.
+//! at the same time: the cache's own single flight does that. A hot chunk is sent to a bounded
+//! number of members at once, and the next askers are sent on to them ([`super::hot`]). Every
+//! request must be signed with the cluster's secret.
 
 use super::auth::{AUTH_HEADER, PeerSecret, now_secs};
-use super::wire::{CHUNK_PATH, CRC_HEADER, ChunkRequest};
+use super::hot::{Admission, HotChunks, SendGuard};
+use super::wire::{Ask, CHUNK_PATH, CRC_HEADER, ChunkRequest, HOLDER_HEADER};
 use crate::chunkfile::crc32c;
 use crate::source::{ObjectInfo, ObjectSource};
-use crate::{Fetcher, GetOptions, Identity, TieredCache};
+use crate::{ChunkKey, FetchError, Fetcher, GetOptions, Identity, PathPattern, TieredCache};
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures::future::BoxFuture;
 use std::sync::Arc;
 
 /// Where this node fetches a chunk from when it serves a peer and does not hold it.
@@ -49,6 +54,9 @@ pub struct ServeState {
     pub cache: TieredCache,
     pub origin: Arc<dyn Origin>,
     pub metrics: Arc<super::PeerMetrics>,
+    pub hot: HotChunks,
+    /// Paths whose chunks are never served to peers (`peers.not_shared`).
+    pub not_shared: Arc<Vec<PathPattern>>,
 }
 
 impl std::fmt::Debug for ServeState {
@@ -82,17 +90,68 @@ async fn chunk(State(s): State<ServeState>, uri: Uri, headers: HeaderMap) -> Res
         Ok(r) => r,
         Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),
     };
-    let fetcher = match s.origin.fetcher(&req) {
-        Ok(f) => f,
-        Err(why) => return (StatusCode::NOT_FOUND, why).into_response(),
+    if s.not_shared.iter().any(|p| p.matches(&req.key.path)) {
+        return (StatusCode::NOT_FOUND, "this path is not shared with peers").into_response();
+    }
+    let (fetcher, guard): (Arc<dyn Fetcher>, Option<SendGuard>) = if req.ask == Ask::Holder {
+        // Only what this node holds or is receiving now: a holder never fetches for another.
+        if s.cache.location(&req.key).is_none() && !s.cache.fetching(&req.key) {
+            return (StatusCode::NOT_FOUND, "this member does not hold the chunk").into_response();
+        }
+        (Arc::new(NotHeld), None)
+    } else {
+        let fetcher = match s.origin.fetcher(&req) {
+            Ok(f) => f,
+            Err(why) => return (StatusCode::NOT_FOUND, why).into_response(),
+        };
+        match s.hot.admit(req.key.id(), req.from.as_deref(), req.ask == Ask::Owner) {
+            Admission::Send(guard) => (fetcher, Some(guard)),
+            Admission::Redirect(to) => {
+                s.metrics.redirects.inc();
+                return (StatusCode::TEMPORARY_REDIRECT, [(HOLDER_HEADER, to)], "").into_response();
+            }
+        }
     };
     match s.cache.get(&req.key, fetcher, GetOptions::default()).await {
         Ok(bytes) => {
-            s.metrics.served_bytes.inc_by(bytes.len() as u64);
+            let Some(rest) = bytes.get(req.start as usize..).map(|r| bytes.slice_ref(r)) else {
+                let why = format!("byte {} is past the {}-byte chunk", req.start, bytes.len());
+                return (StatusCode::BAD_REQUEST, why).into_response();
+            };
+            let sent = if guard.is_some() { &s.metrics.served_bytes } else { &s.metrics.holder_served_bytes };
+            sent.inc_by(rest.len() as u64);
             let crc = format!("{:08x}", crc32c(&bytes));
-            (StatusCode::OK, [(CRC_HEADER, crc)], bytes).into_response()
+            (StatusCode::OK, [(CRC_HEADER, crc)], body(rest, guard)).into_response()
         }
         // The origin's own error, for the requester's log: it goes to the origin itself next.
         Err(e) => (StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
+    }
+}
+
+/// How much of a chunk goes in one piece of the body: the transfer counts against the hot
+/// bound until its last piece is taken, and a requester sees progress piece by piece.
+const PIECE: usize = 256 << 10;
+
+/// `bytes` as a body, holding `guard` until the last piece has been taken by the connection.
+fn body(bytes: Bytes, guard: Option<SendGuard>) -> Body {
+    let stream = futures::stream::unfold((bytes, guard), |(rest, guard)| async move {
+        if rest.is_empty() {
+            drop(guard);
+            return None;
+        }
+        let mut rest = rest;
+        let piece = rest.split_to(rest.len().min(PIECE));
+        Some((Ok::<_, std::convert::Infallible>(piece), (rest, guard)))
+    });
+    Body::from_stream(stream)
+}
+
+/// The fetcher of a holder: the chunk was in a tier or in flight a moment ago, and is not now.
+struct NotHeld;
+
+impl Fetcher for NotHeld {
+    fn fetch(&self, key: &ChunkKey) -> BoxFuture<'static, Result<Bytes, FetchError>> {
+        let e = std::io::Error::new(std::io::ErrorKind::NotFound, format!("{key} is no longer held here"));
+        Box::pin(std::future::ready(Err(Arc::new(e) as FetchError)))
     }
 }

@@ -7,7 +7,10 @@ use super::server::{Origin, ServeState, serve};
 use super::wire::{CHUNK_PATH, CRC_HEADER, ChunkRequest};
 use super::*;
 use crate::chunkfile::crc32c;
-use crate::{CacheConfig, ChunkKey, FetchError, Fetcher, GetOptions, Identity, KeyId, Policy, TierConfig, TieredCache};
+use crate::{
+    CacheConfig, ChunkKey, FetchError, Fetcher, GetOptions, Identity, KeyId, PathPattern, Policy, TierConfig,
+    TieredCache,
+};
 use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -18,6 +21,7 @@ use std::time::Duration;
 const CHUNK: u64 = 64 << 10;
 const TIMEOUTS: Timeouts =
     Timeouts { connect: Duration::from_millis(200), first_byte: Duration::from_secs(5), stall: Duration::from_secs(5) };
+const FANOUT: usize = 4;
 const FAILOVER: FailoverOptions = FailoverOptions { suspect_for: Duration::from_secs(30), tries: 3 };
 
 /// The object store every node shares: one object, and a count of each chunk asked of it.
@@ -27,16 +31,24 @@ struct TestOrigin {
     version: String,
     data: Bytes,
     asked: Mutex<HashMap<KeyId, usize>>,
+    /// How long each fetch takes: long enough that readers of one chunk overlap, as they do
+    /// on a real store.
+    delay: Duration,
 }
 
 impl TestOrigin {
     fn new(size: usize) -> Arc<TestOrigin> {
+        TestOrigin::slow(size, Duration::from_millis(30))
+    }
+
+    fn slow(size: usize, delay: Duration) -> Arc<TestOrigin> {
         let data = Bytes::from((0..size).map(|i| (i * 31 + i / 7919) as u8).collect::<Vec<u8>>());
         Arc::new(TestOrigin {
             path: "datasets/set/shard-0".into(),
             version: "\"e1\"".into(),
             data,
             asked: Mutex::default(),
+            delay,
         })
     }
 
@@ -65,8 +77,7 @@ impl Fetcher for OriginFetcher {
         let (origin, key) = (self.0.clone(), key.clone());
         async move {
             *origin.asked.lock().unwrap().entry(key.id()).or_default() += 1;
-            // Long enough that readers of one chunk overlap, as they do on a real store.
-            tokio::time::sleep(Duration::from_millis(30)).await;
+            tokio::time::sleep(origin.delay).await;
             let Identity::Object { index, .. } = key.identity else { unreachable!("object keys only") };
             Ok(origin.expected(index))
         }
@@ -112,6 +123,18 @@ fn open_cache(dir: &std::path::Path) -> TieredCache {
 
 /// `n` nodes serving the peer port, members of one cluster with `extra` members besides.
 async fn cluster(n: usize, origin: &Arc<TestOrigin>, extra: &[String]) -> Vec<Node> {
+    cluster_with(n, origin, extra, FANOUT, TIMEOUTS, &[]).await
+}
+
+/// As [`cluster`], with a hot-chunk fanout and timeouts of the test's own.
+async fn cluster_with(
+    n: usize,
+    origin: &Arc<TestOrigin>,
+    extra: &[String],
+    fanout: usize,
+    timeouts: Timeouts,
+    not_shared: &[PathPattern],
+) -> Vec<Node> {
     let mut listeners = Vec::new();
     for _ in 0..n {
         listeners.push(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap());
@@ -129,12 +152,21 @@ async fn cluster(n: usize, origin: &Arc<TestOrigin>, extra: &[String]) -> Vec<No
             cache: cache.clone(),
             origin: Arc::new(SharedOrigin(origin.clone())),
             metrics: metrics.clone(),
+            hot: super::hot::HotChunks::new(fanout),
+            not_shared: Arc::new(not_shared.to_vec()),
         };
         let server = tokio::spawn(serve(listener, state, std::future::pending()));
         let membership =
             Membership::start(MemberSource::Static(members.clone()), Duration::from_secs(1)).await.unwrap();
-        let client = PeerClient::new(test_secret(1), TIMEOUTS);
-        let tier = PeerTier::new(SelfName::Named(names[i].clone()), membership, client, FAILOVER, metrics.clone());
+        let client = PeerClient::new(test_secret(1), timeouts);
+        let tier = PeerTier::new(
+            SelfName::Named(names[i].clone()),
+            membership,
+            client,
+            FAILOVER,
+            metrics.clone(),
+            not_shared.to_vec(),
+        );
         nodes.push(Node { name: names[i].clone(), cache, tier, metrics, _server: server, _dir: dir });
     }
     nodes
@@ -142,8 +174,16 @@ async fn cluster(n: usize, origin: &Arc<TestOrigin>, extra: &[String]) -> Vec<No
 
 /// Chunk indexes of `origin` whose first rendezvous choice among `names` is `owner`.
 fn owned_by(origin: &TestOrigin, names: &[String], owner: &str, count: usize) -> Vec<u64> {
+    ranked(origin, names, &[owner], count)
+}
+
+/// Chunk indexes of `origin` whose first rendezvous choices among `names` are `first`, in order.
+fn ranked(origin: &TestOrigin, names: &[String], first: &[&str], count: usize) -> Vec<u64> {
     let members: Vec<Member> = names.iter().map(|n| Member { name: n.clone(), weight: 1.0 }).collect();
-    (0..).filter(|&i| rank(&origin.key(i).id(), &members)[0].name == owner).take(count).collect()
+    (0..)
+        .filter(|&i| rank(&origin.key(i).id(), &members).iter().zip(first).all(|(m, f)| m.name == *f))
+        .take(count)
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,9 +217,9 @@ async fn each_chunk_crosses_the_origin_once_whichever_nodes_read_it() {
 async fn a_request_without_the_clusters_secret_is_refused() {
     let origin = TestOrigin::new(CHUNK as usize);
     let nodes = cluster(1, &origin, &[]).await;
-    let req = ChunkRequest { key: origin.key(0), size: CHUNK };
+    let req = ChunkRequest::new(origin.key(0), CHUNK);
     let stranger = PeerClient::new(test_secret(2), TIMEOUTS);
-    match stranger.get_chunk(&nodes[0].name, &req).await {
+    match stranger.get_chunk(&nodes[0].name, &req, &Bytes::new()).await {
         Err(PeerError::Status { status: 401, message, .. }) => {
             assert_eq!(message, "the request is not signed with this cluster's peer secret")
         }
@@ -272,6 +312,7 @@ async fn with_no_members_a_node_reads_from_the_origin_as_before() {
         PeerClient::new(test_secret(1), TIMEOUTS),
         FAILOVER,
         metrics.clone(),
+        vec![],
     );
     let fetcher = tier.wrap(Arc::new(OriginFetcher(origin.clone())), origin.data.len() as u64);
     for i in 0..3 {
@@ -287,10 +328,109 @@ async fn with_no_members_a_node_reads_from_the_origin_as_before() {
 async fn a_node_finds_itself_among_the_members_by_its_address_and_port() {
     let membership = Membership::start(MemberSource::Static(vec![]), Duration::from_secs(1)).await.unwrap();
     let client = PeerClient::new(test_secret(1), TIMEOUTS);
-    let tier = PeerTier::new(SelfName::Detect { port: 7470 }, membership, client, FAILOVER, Default::default());
+    let tier = PeerTier::new(SelfName::Detect { port: 7470 }, membership, client, FAILOVER, Default::default(), vec![]);
     assert!(tier.is_self("127.0.0.1:7470"));
     assert!(!tier.is_self("127.0.0.1:7471"), "another daemon on this host");
     // An address of the test range that no interface here has: binding to it fails.
     assert!(!tier.is_self("198.18.200.200:7470"));
     assert!(!tier.is_self("node-a.strata.svc:7470"), "a name is not guessed at");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_chunk_is_sent_on_by_its_first_receivers_not_all_by_its_owner() {
+    // Slow enough that every node asks while the owner is still fetching.
+    let origin = TestOrigin::slow(CHUNK as usize, Duration::from_millis(300));
+    let nodes = Arc::new(cluster_with(6, &origin, &[], 1, TIMEOUTS, &[]).await);
+    let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    let owner =
+        rank(&origin.key(0).id(), &names.iter().map(|n| Member { name: n.clone(), weight: 1.0 }).collect::<Vec<_>>())
+            [0]
+        .name
+        .clone();
+    let reads: Vec<_> = (0..nodes.len())
+        .map(|n| {
+            let (nodes, origin) = (nodes.clone(), origin.clone());
+            tokio::spawn(async move { nodes[n].read(&origin, 0).await })
+        })
+        .collect();
+    for r in reads {
+        assert_eq!(r.await.unwrap(), origin.expected(0));
+    }
+    assert_eq!(origin.asked().values().sum::<usize>(), 1, "one origin fetch");
+    let owner = nodes.iter().find(|n| n.name == owner).unwrap();
+    assert_eq!(owner.metrics.served_bytes.get(), CHUNK, "the owner sent one copy, its fanout");
+    assert_eq!(owner.metrics.redirects.get(), 4, "and sent the other four askers on");
+    let by_holders: u64 = nodes.iter().map(|n| n.metrics.holder_served_bytes.get()).sum();
+    assert_eq!(by_holders, 4 * CHUNK, "the first receivers served the next ones");
+    let received: u64 = nodes.iter().map(|n| n.metrics.peer_bytes.get()).sum();
+    assert_eq!(received, 5 * CHUNK);
+    assert!(nodes.iter().all(|n| n.metrics.peer_errors.get() == 0 && n.metrics.origin_fallbacks.get() == 0));
+}
+
+/// A member that sends the first half of each chunk it is asked for, then stalls for good.
+async fn stalling_member(origin: Arc<TestOrigin>) -> String {
+    use futures::StreamExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let name = listener.local_addr().unwrap().to_string();
+    let stall = move |uri: axum::http::Uri| {
+        let origin = origin.clone();
+        async move {
+            let req = ChunkRequest::from_query(uri.query().unwrap()).unwrap();
+            let Identity::Object { index, .. } = req.key.identity else { unreachable!() };
+            let truth = origin.expected(index);
+            let half = truth.slice(..truth.len() / 2);
+            let body = futures::stream::once(async move { Ok::<_, std::convert::Infallible>(half) })
+                .chain(futures::stream::pending());
+            ([(CRC_HEADER, format!("{:08x}", crc32c(&truth)))], axum::body::Body::from_stream(body))
+        }
+    };
+    let app = axum::Router::new().route(CHUNK_PATH, axum::routing::get(stall));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    name
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_that_stalls_is_resumed_at_its_offset_from_the_next_member() {
+    let origin = TestOrigin::new((64 * CHUNK) as usize);
+    let staller = stalling_member(origin.clone()).await;
+    let timeouts = Timeouts { stall: Duration::from_millis(300), ..TIMEOUTS };
+    let nodes = cluster_with(2, &origin, std::slice::from_ref(&staller), FANOUT, timeouts, &[]).await;
+    let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).chain([staller.clone()]).collect();
+    let chunks = ranked(&origin, &names, &[&staller, &nodes[1].name], 2);
+    for &i in &chunks {
+        assert_eq!(nodes[0].read(&origin, i).await, origin.expected(i), "chunk {i}");
+    }
+    let m = &nodes[0].metrics;
+    assert_eq!((m.resumed.get(), m.peer_timeouts.get()), (1, 1), "one stall, then the staller is suspect");
+    assert_eq!(nodes[1].metrics.served_bytes.get(), CHUNK / 2 + CHUNK, "the rest of the first, all the second");
+    assert_eq!(m.peer_bytes.get(), 2 * CHUNK);
+    assert!(nodes[0].tier.members().contains(&(staller, true)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_marked_not_shared_never_crosses_the_peer_port() {
+    let origin = TestOrigin::new((6 * CHUNK) as usize);
+    let private = [PathPattern::prefix("datasets/set/")];
+    let nodes = Arc::new(cluster_with(2, &origin, &[], FANOUT, TIMEOUTS, &private).await);
+    for n in nodes.iter() {
+        for i in 0..origin.chunks() {
+            assert_eq!(n.read(&origin, i).await, origin.expected(i));
+        }
+    }
+    assert!(origin.asked().values().all(|&n| n == 2), "each node fetched its own: {:?}", origin.asked());
+    for n in nodes.iter() {
+        let m = &n.metrics;
+        assert_eq!((m.peer_bytes.get(), m.served_bytes.get(), m.peer_errors.get()), (0, 0, 0));
+    }
+    // And a member that asks anyway is refused.
+    let client = PeerClient::new(test_secret(1), TIMEOUTS);
+    match client
+        .get_chunk(&nodes[0].name, &ChunkRequest::new(origin.key(0), origin.data.len() as u64), &Bytes::new())
+        .await
+    {
+        Err(PeerError::Status { status: 404, message, .. }) => {
+            assert_eq!(message, "this path is not shared with peers")
+        }
+        other => panic!("{other:?}"),
+    }
 }
