@@ -188,9 +188,10 @@ fn test_config(docs: &[Value], rgw: &Rgw, prefix: &str, vols: &Volumes) -> Strin
     // One node, no cluster DNS: the peer tier with this node as its only member, on loopback,
     // its secret read from the Secret's volume as in the pod.
     let port = free_port();
-    t["peers"]["members"] = toml::Value::Array(vec![format!("127.0.0.1:{port}").into()]);
-    t["peers"]["listen"] = format!("127.0.0.1:{port}").into();
-    t["peers"].as_table_mut().unwrap().remove("members_dns");
+    let peers = t["peers"].as_table_mut().expect("the ConfigMap has [peers]");
+    peers.remove("members_dns");
+    peers.insert("members".into(), toml::Value::Array(vec![format!("127.0.0.1:{port}").into()]));
+    peers.insert("listen".into(), format!("127.0.0.1:{port}").into());
     // A test-sized cache: the manifest's tiers are a node's terabytes.
     t["tiers"]["hot"]["capacity"] = "1GiB".into();
     t["tiers"]["warm"]["capacity"] = "1GiB".into();
