@@ -9,6 +9,7 @@
 
 mod common;
 
+use common::netns::{Back, Net, relay};
 use common::s3::delete_under;
 use common::*;
 use object_store::ObjectStoreExt;
@@ -16,153 +17,13 @@ use sha2::{Digest, Sha256};
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const NODES: usize = 3;
 const CHUNK: usize = 1 << 20;
 const PEER_PORT: u16 = 7470;
 /// Where the other nodes reach node 1: a relay on the bridge that can change its bytes.
 const NODE1_VIA: &str = "198.18.0.1:7471";
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("ip runs");
-    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
-/// A bridge at 198.18.0.1 and a namespace per node at 198.18.0.11 and up, removed when dropped.
-struct Net {
-    tag: String,
-}
-
-impl Net {
-    fn bridge(&self) -> String {
-        format!("{}b", self.tag)
-    }
-
-    fn ns(&self, i: usize) -> String {
-        format!("{}n{i}", self.tag)
-    }
-
-    fn addr(i: usize) -> String {
-        format!("198.18.0.{}", 11 + i)
-    }
-
-    fn new() -> Net {
-        // Short and unique: interface names are at most 15 bytes.
-        let net = Net { tag: format!("sp{}", std::process::id() % 100_000) };
-        let br = net.bridge();
-        let _ = Command::new("ip").args(["link", "del", &br]).output();
-        ip(&["link", "add", &br, "type", "bridge"]);
-        ip(&["addr", "add", "198.18.0.1/24", "dev", &br]);
-        ip(&["link", "set", &br, "up"]);
-        for i in 0..NODES {
-            let (ns, host, inner) = (net.ns(i), format!("{}h{i}", net.tag), format!("{}i{i}", net.tag));
-            let _ = Command::new("ip").args(["netns", "del", &ns]).output();
-            ip(&["netns", "add", &ns]);
-            ip(&["link", "add", &host, "type", "veth", "peer", "name", &inner]);
-            ip(&["link", "set", &inner, "netns", &ns]);
-            ip(&["link", "set", &host, "master", &br, "up"]);
-            ip(&["-n", &ns, "addr", "add", &format!("{}/24", Net::addr(i)), "dev", &inner]);
-            ip(&["-n", &ns, "link", "set", &inner, "up"]);
-            ip(&["-n", &ns, "link", "set", "lo", "up"]);
-        }
-        net
-    }
-
-    /// Waits until namespace `i` reaches `addr` (a fresh veth can take a moment to forward).
-    fn wait_reaches(&self, i: usize, addr: &str) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let ok = Command::new("nsenter")
-                .arg(format!("--net=/var/run/netns/{}", self.ns(i)))
-                .args(["curl", "-s", "-o", "/dev/null", "--max-time", "1", &format!("http://{addr}/")])
-                .status()
-                .is_ok_and(|s| s.success());
-            if ok {
-                return;
-            }
-            assert!(Instant::now() < deadline, "namespace {} never reached {addr}", self.ns(i));
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-impl Drop for Net {
-    fn drop(&mut self) {
-        for i in 0..NODES {
-            let _ = Command::new("ip").args(["netns", "del", &self.ns(i)]).output();
-        }
-        let _ = Command::new("ip").args(["link", "del", &self.bridge()]).output();
-    }
-}
-
-/// What a relay does to the bytes coming back from upstream.
-#[derive(Clone)]
-enum Back {
-    /// Holds each answer that follows a quiet spell for `0` before forwarding it: a round trip
-    /// to a distant store, so that nodes asking for one chunk overlap as they do on real links.
-    Delay(Duration),
-    /// Reads HTTP/2 frames and, while the flag is set, flips the first byte of each DATA frame's
-    /// payload: a member whose disk or NIC changes bytes, which only the requester's check sees.
-    CorruptWhen(Arc<AtomicBool>),
-}
-
-/// Forwards every connection to `listen` on to `upstream`, on a thread of its own.
-fn relay(listen: &str, upstream: String, back: Back) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = std::net::TcpListener::bind(listen).unwrap_or_else(|e| panic!("relay on {listen}: {e}"));
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        rt.block_on(async move {
-            listener.set_nonblocking(true).unwrap();
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            loop {
-                let (inbound, _) = listener.accept().await.unwrap();
-                let (upstream, back) = (upstream.clone(), back.clone());
-                tokio::spawn(async move {
-                    let Ok(out) = tokio::net::TcpStream::connect(&upstream).await else { return };
-                    let (mut in_r, mut in_w) = inbound.into_split();
-                    let (mut out_r, mut out_w) = out.into_split();
-                    tokio::spawn(async move { tokio::io::copy(&mut in_r, &mut out_w).await });
-                    let mut buf = vec![0u8; 64 << 10];
-                    match back {
-                        Back::Delay(delay) => {
-                            let mut last = Instant::now();
-                            while let Ok(n @ 1..) = out_r.read(&mut buf).await {
-                                if last.elapsed() > Duration::from_millis(20) {
-                                    tokio::time::sleep(delay).await;
-                                }
-                                if in_w.write_all(&buf[..n]).await.is_err() {
-                                    break;
-                                }
-                                last = Instant::now();
-                            }
-                        }
-                        Back::CorruptWhen(flag) => loop {
-                            let mut head = [0u8; 9];
-                            if out_r.read_exact(&mut head).await.is_err() {
-                                break;
-                            }
-                            let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-                            let mut payload = vec![0u8; len];
-                            if out_r.read_exact(&mut payload).await.is_err() {
-                                break;
-                            }
-                            // DATA is type 0; with PADDED (0x8) the first byte is the pad length.
-                            let first = usize::from(head[4] & 0x8 != 0);
-                            if head[3] == 0 && len > first && flag.load(Ordering::Relaxed) {
-                                payload[first] ^= 0x01;
-                            }
-                            if in_w.write_all(&head).await.is_err() || in_w.write_all(&payload).await.is_err() {
-                                break;
-                            }
-                        },
-                    }
-                });
-            }
-        });
-    });
-}
 
 fn node(i: usize, net: &Net, rgw: &Rgw, secret: &std::path::Path) -> Daemon {
     let dir = tempfile::tempdir().unwrap();
@@ -212,10 +73,10 @@ fn read_everywhere(nodes: &[&Daemon], key: &str, want: &[u8]) {
 #[ignore = "needs root, network namespaces and Ceph RGW: run by .ci/run"]
 fn three_nodes_fetch_each_chunk_from_rgw_once_and_survive_hot_chunks_a_killed_owner_and_a_liar() {
     let rgw = Rgw::from_env();
-    let net = Net::new();
+    let net = Net::new(NODES);
     let host = rgw.endpoint.trim_start_matches("http://").to_owned();
     let port = host.rsplit(':').next().unwrap().to_owned();
-    relay(&format!("198.18.0.1:{port}"), host, Back::Delay(Duration::from_millis(80)));
+    relay(&format!("198.18.0.1:{port}"), host, Back::delay(Duration::from_millis(80)));
     let corrupt = Arc::new(AtomicBool::new(false));
     relay(NODE1_VIA, format!("{}:{PEER_PORT}", Net::addr(1)), Back::CorruptWhen(corrupt.clone()));
     for i in 0..NODES {

@@ -14,6 +14,7 @@ pub mod containerd;
 pub mod faulty;
 pub mod kube;
 pub mod mount;
+pub mod netns;
 pub mod node;
 pub mod s3;
 pub mod tree;
@@ -245,6 +246,11 @@ impl Daemon {
             assert!(Instant::now() < deadline, "daemon not ready after 30s:\n{}", self.log());
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The daemon's process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     pub fn kill9(&mut self) {

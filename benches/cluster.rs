@@ -1,0 +1,317 @@
+//! The peer tier at cluster scale (`bash benches/cluster.sh`): N `strata daemon`s (N = 1, 4,
+//! 8, 16), each in a network namespace of its own on a Linux bridge, against the real Ceph RGW
+//! behind one shaped origin link (a relay on the bridge with the origin's rate and round trip).
+//! Each node's veth is shaped to the node NIC's rate with HTB. For each workload and each N,
+//! on fresh daemons with empty caches:
+//! - origin bytes ÷ unique bytes, counted at the origin link itself;
+//! - wall time ÷ the time at N = 1;
+//! - peer throughput ÷ the veth rate: per node, the bytes it got from peers over the time it
+//!   read, against its NIC's rate.
+//!
+//! Every byte every node reads is checked against the source's sha256. Workloads:
+//! (a) every node reads the same dataset; (b) each node reads a disjoint 1/N of it, then the
+//! next node's share, as shuffled epochs do; (d) every node restores the same checkpoint (8
+//! files, read at once). Writes the table to `target/cluster.md` too.
+
+#[path = "../tests/common/mod.rs"]
+#[allow(unused_imports)]
+mod common;
+
+use common::netns::{Back, Net, relay};
+use common::{BIN, Daemon, Rgw, data, sha, unique_prefix};
+use object_store::ObjectStoreExt;
+use sha2::{Digest, Sha256};
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const PEER_PORT: u16 = 7470;
+const SHARDS: usize = 32;
+const CHECKPOINT_FILES: usize = 8;
+
+fn env_or<T: std::str::FromStr>(k: &str, default: T) -> T {
+    std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+struct Setup {
+    rgw: Rgw,
+    origin_port: String,
+    origin_sent: Arc<AtomicU64>,
+    veth_bits: f64,
+    secret: std::path::PathBuf,
+}
+
+/// One file of a workload: its key, and the sha256 and size of its bytes.
+#[derive(Clone)]
+struct File {
+    key: String,
+    sha: String,
+    size: u64,
+}
+
+fn node(i: usize, n: usize, net: &Net, s: &Setup) -> Daemon {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("admin.sock");
+    let config = dir.path().join("config.toml");
+    let members: Vec<String> = (0..n).map(|j| format!("\"{}:{PEER_PORT}\"", Net::addr(j))).collect();
+    let text = format!(
+        "state_dir = \"{state}\"\n[admin]\nsocket = \"{sock}\"\n[metrics]\nlisten = \"\"\n\
+         [tiers.hot]\ncapacity = \"8GiB\"\n[tiers.warm]\ncapacity = \"0\"\n\
+         [cold]\nkind = \"s3\"\nbucket = \"{bucket}\"\nendpoint = \"http://198.18.0.1:{port}\"\nregion = \"us-east-1\"\n\
+         allow_http = true\nchunk_size = \"4MiB\"\n\
+         [peers]\nmembers = [{members}]\nlisten = \"{addr}:{PEER_PORT}\"\nadvertise = \"{addr}:{PEER_PORT}\"\n\
+         secret_file = \"{secret}\"\n",
+        state = dir.path().join("state").display(),
+        sock = socket.display(),
+        bucket = s.rgw.bucket,
+        port = s.origin_port,
+        members = members.join(", "),
+        addr = Net::addr(i),
+        secret = s.secret.display(),
+    );
+    std::fs::write(&config, text).unwrap();
+    Daemon::with_config_in(dir, config, socket, Some(net.ns(i)))
+}
+
+/// Reads `f` through `node`'s cache, hashing as it streams; panics on a wrong byte. Returns
+/// the longest wait for the next bytes.
+fn read_checked(node: &Daemon, socket: &std::path::Path, f: &File) -> Duration {
+    let mut child = Command::new(BIN)
+        .arg("tier")
+        .arg("--socket")
+        .arg(socket)
+        .args(["cat", &f.key])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let (mut h, mut buf, mut len) = (Sha256::new(), vec![0u8; 1 << 20], 0u64);
+    let (mut last, mut longest) = (Instant::now(), Duration::ZERO);
+    loop {
+        let k = out.read(&mut buf).unwrap();
+        longest = longest.max(last.elapsed());
+        last = Instant::now();
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+        len += k as u64;
+    }
+    let status = child.wait().unwrap();
+    assert!(status.success() && len == f.size, "cat {} failed or was short ({len} bytes)\n{}", f.key, node.log());
+    assert_eq!(hex::encode(h.finalize()), f.sha, "{}: wrong bytes served\n{}", f.key, node.log());
+    longest
+}
+
+struct Row {
+    workload: &'static str,
+    n: usize,
+    unique: u64,
+    origin: u64,
+    secs: f64,
+    peer_ratio: Option<f64>,
+}
+
+/// Runs one workload on `n` fresh nodes: `plan(i, n)` is what node `i` reads, in order.
+fn run(
+    s: &Setup,
+    net: &Net,
+    workload: &'static str,
+    n: usize,
+    files: &[File],
+    plan: impl Fn(usize, usize) -> Vec<usize>,
+) -> Row {
+    let nodes: Vec<Daemon> = (0..n).map(|i| node(i, n, net, s)).collect();
+    let sockets: Vec<_> = nodes.iter().map(|d| d.state().join("admin.sock")).collect();
+    let before = s.origin_sent.load(Ordering::Relaxed);
+    let start = Instant::now();
+    let took: Vec<f64> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..n)
+            .map(|i| {
+                let (node, socket, order) = (&nodes[i], &sockets[i], plan(i, n));
+                sc.spawn(move || {
+                    let t = Instant::now();
+                    if workload == "d" {
+                        // A restore reads every rank's file at once.
+                        std::thread::scope(|inner| {
+                            for &k in &order {
+                                inner.spawn(move || read_checked(node, socket, &files[k]));
+                            }
+                        });
+                    } else {
+                        for k in order {
+                            read_checked(node, socket, &files[k]);
+                        }
+                    }
+                    t.elapsed().as_secs_f64()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let secs = start.elapsed().as_secs_f64();
+    let origin = s.origin_sent.load(Ordering::Relaxed) - before;
+    let unique: u64 = {
+        let mut read: Vec<usize> = (0..n).flat_map(|i| plan(i, n)).collect();
+        read.sort_unstable();
+        read.dedup();
+        read.iter().map(|&k| files[k].size).sum()
+    };
+    let peer_ratio = (n > 1).then(|| {
+        let per_node: Vec<f64> = nodes
+            .iter()
+            .zip(&took)
+            .map(|(d, t)| d.status()["peers"]["received_bytes"].as_u64().unwrap() as f64 * 8.0 / t / s.veth_bits)
+            .collect();
+        per_node.iter().sum::<f64>() / per_node.len() as f64
+    });
+    eprintln!("cluster: ({workload}) N={n}: {secs:.1} s, origin {origin} B of {unique} unique");
+    Row { workload, n, unique, origin, secs, peer_ratio }
+}
+
+fn put_files(s: &Setup, prefix: &str, name: &str, count: usize, size: usize, seed: u64) -> Vec<File> {
+    let store = s.rgw.store();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    (0..count)
+        .map(|k| {
+            let bytes = data(seed + k as u64, size);
+            let key = format!("{prefix}{name}/part-{k:03}");
+            rt.block_on(store.put(&object_store::path::Path::from(key.as_str()), bytes.clone().into())).unwrap();
+            File { key, sha: sha(&bytes), size: size as u64 }
+        })
+        .collect()
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return; // `cargo test --benches` lists benches; this one needs root and RGW.
+    }
+    let rgw = Rgw::from_env();
+    let mib: usize = env_or("STRATA_BENCH_MIB", 2048);
+    let counts: Vec<usize> = std::env::var("STRATA_BENCH_NODES")
+        .unwrap_or_else(|_| "1 4 8 16".into())
+        .split_whitespace()
+        .map(|v| v.parse().expect("STRATA_BENCH_NODES: numbers of nodes"))
+        .collect();
+    let origin_mbit: f64 = env_or("STRATA_BENCH_ORIGIN_MBIT", 1000.0);
+    let rtt_ms: u64 = env_or("STRATA_BENCH_RTT_MS", 10);
+    let veth_mbit: f64 = env_or("STRATA_BENCH_VETH_MBIT", 2000.0);
+    let shared = tempfile::tempdir().unwrap();
+    let secret = shared.path().join("peer-secret");
+    std::fs::write(&secret, format!("{}\n", sha(b"the bench cluster's peer secret"))).unwrap();
+    let host = rgw.endpoint.trim_start_matches("http://").to_owned();
+    let origin_port = host.rsplit(':').next().unwrap().to_owned();
+    let origin_sent = Arc::new(AtomicU64::new(0));
+    // One bridge and the most namespaces any N needs, for the whole run: the relay is bound to
+    // the bridge's address. Each N runs fresh daemons in the first N of them.
+    let net = Net::new(counts.iter().copied().max().unwrap_or(1));
+    relay(
+        &format!("198.18.0.1:{origin_port}"),
+        host,
+        Back::Link {
+            delay: Duration::from_millis(rtt_ms),
+            bytes_per_sec: Some(origin_mbit * 1e6 / 8.0),
+            sent: origin_sent.clone(),
+        },
+    );
+    for i in 0..counts.iter().copied().max().unwrap_or(1) {
+        net.shape(i, &format!("{veth_mbit}mbit"));
+        net.wait_reaches(i, &format!("198.18.0.1:{origin_port}"));
+    }
+    let s = Setup { rgw, origin_port, origin_sent, veth_bits: veth_mbit * 1e6, secret };
+    let prefix = unique_prefix("cluster");
+    let shard = (mib << 20) / SHARDS;
+    let a = put_files(&s, &prefix, "dataset-a", SHARDS, shard, 1000);
+    let b = put_files(&s, &prefix, "dataset-b", SHARDS, shard, 2000);
+    let d = put_files(&s, &prefix, "checkpoint", CHECKPOINT_FILES, (mib << 20) / CHECKPOINT_FILES, 3000);
+    let mut rows = Vec::new();
+    for &n in &counts {
+        rows.push(run(&s, &net, "a", n, &a, |_, _| (0..SHARDS).collect()));
+        // Node i's share, then node i+1's: every shard is read twice, by two nodes, one epoch apart.
+        rows.push(run(&s, &net, "b", n, &b, |i, n| {
+            let share = |j: usize| (0..SHARDS).filter(move |k| k % n == j % n);
+            share(i).chain(if n > 1 { Some(share(i + 1)) } else { None }.into_iter().flatten()).collect()
+        }));
+        rows.push(run(&s, &net, "d", n, &d, |_, _| (0..CHECKPOINT_FILES).collect()));
+    }
+    let faults = faults(
+        &s,
+        &net,
+        counts.iter().copied().max().unwrap_or(1),
+        &put_files(&s, &prefix, "dataset-f", SHARDS, shard, 4000),
+    );
+    drop(net);
+    let mut table = render(&rows, mib, origin_mbit, rtt_ms, veth_mbit);
+    table += &faults;
+    println!("{table}");
+    let _ = std::fs::write("target/cluster.md", &table);
+    common::s3::delete_under(&s.rgw, &prefix);
+}
+
+fn render(rows: &[Row], mib: usize, origin_mbit: f64, rtt_ms: u64, veth_mbit: f64) -> String {
+    let mut t = format!(
+        "{mib} MiB per workload; origin link {origin_mbit} Mbit/s with {rtt_ms} ms added; node veths {veth_mbit} Mbit/s\n\n\
+         | workload | N | origin ÷ unique | time ÷ time at N=1 | peer throughput ÷ veth | wall (s) |\n|---|---|---|---|---|---|\n"
+    );
+    for r in rows {
+        let base = rows.iter().find(|b| b.workload == r.workload && b.n == 1).map(|b| b.secs);
+        let rel = base.map_or("–".into(), |b| format!("{:.2}", r.secs / b));
+        let peer = r.peer_ratio.map_or("–".into(), |p| format!("{p:.2}"));
+        t += &format!(
+            "| ({}) | {} | {:.3} | {rel} | {peer} | {:.1} |\n",
+            r.workload,
+            r.n,
+            r.origin as f64 / r.unique as f64,
+            r.secs
+        );
+    }
+    t
+}
+
+/// Workload (a) on `n` ≥ 4 nodes, with three of them hit a second in: one SIGKILLed, one
+/// SIGSTOPped and one with its link set down. The other nodes read every file, every byte
+/// checked; the origin bytes ÷ unique bytes and the longest wait for bytes are reported.
+fn faults(s: &Setup, net: &Net, n: usize, files: &[File]) -> String {
+    if n < 4 {
+        return String::new();
+    }
+    let mut nodes: Vec<Daemon> = (0..n).map(|i| node(i, n, net, s)).collect();
+    let readers = n - 3;
+    let before = s.origin_sent.load(Ordering::Relaxed);
+    let start = Instant::now();
+    let (stopped, unlinked) = (nodes[n - 2].pid().unwrap(), net.host_veth(n - 1));
+    let (reading, hit) = nodes.split_at_mut(readers);
+    let waits: Vec<Duration> = std::thread::scope(|sc| {
+        let handles: Vec<_> = reading
+            .iter()
+            .map(|node| {
+                let socket = node.state().join("admin.sock");
+                sc.spawn(move || files.iter().map(|f| read_checked(node, &socket, f)).max().unwrap_or_default())
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs(1));
+        hit[0].kill9();
+        Command::new("kill").args(["-STOP", &stopped.to_string()]).status().unwrap();
+        common::netns::ip(&["link", "set", &unlinked, "down"]);
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let secs = start.elapsed().as_secs_f64();
+    Command::new("kill").args(["-CONT", &stopped.to_string()]).status().unwrap();
+    common::netns::ip(&["link", "set", &unlinked, "up"]);
+    let origin = s.origin_sent.load(Ordering::Relaxed) - before;
+    let unique: u64 = files.iter().map(|f| f.size).sum();
+    let fallbacks: u64 =
+        nodes[..readers].iter().map(|d| d.status()["peers"]["origin_fallbacks"].as_u64().unwrap_or(0)).sum();
+    let longest = waits.iter().max().copied().unwrap_or_default();
+    eprintln!("cluster: faults N={n}: {secs:.1} s, origin {origin} B of {unique}, longest wait {longest:?}");
+    format!(
+        "\nFaults, workload (a) on {n} nodes, {readers} reading: a second in, one owner SIGKILLed, one \
+         SIGSTOPped, one with its link down. Every byte right; origin ÷ unique {:.3} (goal ≤ 1.5); \
+         longest wait for bytes {:.2} s; {fallbacks} origin fallbacks; {secs:.1} s.\n",
+        origin as f64 / unique as f64,
+        longest.as_secs_f64()
+    )
+}
