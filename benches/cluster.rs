@@ -125,13 +125,13 @@ fn run(
     plan: impl Fn(usize, usize) -> Vec<usize>,
 ) -> Row {
     let nodes: Vec<Daemon> = (0..n).map(|i| node(i, n, net, s)).collect();
-    let sockets: Vec<_> = nodes.iter().map(|d| d.state().join("admin.sock")).collect();
     let before = s.origin_sent.load(Ordering::Relaxed);
     let start = Instant::now();
     let took: Vec<f64> = std::thread::scope(|sc| {
         let handles: Vec<_> = (0..n)
             .map(|i| {
-                let (node, socket, order) = (&nodes[i], &sockets[i], plan(i, n));
+                let (node, order) = (&nodes[i], plan(i, n));
+                let socket = &node.socket;
                 sc.spawn(move || {
                     let t = Instant::now();
                     if workload == "d" {
@@ -179,8 +179,9 @@ fn put_files(s: &Setup, prefix: &str, name: &str, count: usize, size: usize, see
         .map(|k| {
             let bytes = data(seed + k as u64, size);
             let key = format!("{prefix}{name}/part-{k:03}");
-            rt.block_on(store.put(&object_store::path::Path::from(key.as_str()), bytes.clone().into())).unwrap();
-            File { key, sha: sha(&bytes), size: size as u64 }
+            let sha = sha(&bytes);
+            rt.block_on(store.put(&object_store::path::Path::from(key.as_str()), bytes.into())).unwrap();
+            File { key, sha, size: size as u64 }
         })
         .collect()
 }
@@ -207,7 +208,8 @@ fn main() {
     let origin_sent = Arc::new(AtomicU64::new(0));
     // One bridge and the most namespaces any N needs, for the whole run: the relay is bound to
     // the bridge's address. Each N runs fresh daemons in the first N of them.
-    let net = Net::new(counts.iter().copied().max().unwrap_or(1));
+    let most = counts.iter().copied().max().unwrap_or(1);
+    let net = Net::new(most);
     relay(
         &format!("198.18.0.1:{origin_port}"),
         host,
@@ -217,7 +219,7 @@ fn main() {
             sent: origin_sent.clone(),
         },
     );
-    for i in 0..counts.iter().copied().max().unwrap_or(1) {
+    for i in 0..most {
         net.shape(i, &format!("{veth_mbit}mbit"));
         net.wait_reaches(i, &format!("198.18.0.1:{origin_port}"));
     }
@@ -288,8 +290,7 @@ fn faults(s: &Setup, net: &Net, n: usize, files: &[File]) -> String {
         let handles: Vec<_> = reading
             .iter()
             .map(|node| {
-                let socket = node.state().join("admin.sock");
-                sc.spawn(move || files.iter().map(|f| read_checked(node, &socket, f)).max().unwrap_or_default())
+                sc.spawn(move || files.iter().map(|f| read_checked(node, &node.socket, f)).max().unwrap_or_default())
             })
             .collect();
         std::thread::sleep(Duration::from_secs(1));

@@ -9,10 +9,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-RGW_DIR=$(mktemp -d /tmp/strata-rgw-cluster.XXXXXX)
-trap 'bash "$ROOT/tests/infra/rgw.sh" stop "$RGW_DIR" >/dev/null 2>&1 || true' EXIT
-bash tests/infra/rgw.sh start "$RGW_DIR"
-export STRATA_TEST_S3_ENDPOINT=http://127.0.0.1:${RGW_PORT:-7480} STRATA_TEST_S3_BUCKET=strata-test
-export STRATA_TEST_RGW_LOG=$RGW_DIR/log/client.rgw.a.log
-export AWS_ACCESS_KEY_ID=strata-test AWS_SECRET_ACCESS_KEY=strata-test-secret AWS_REGION=us-east-1
+source benches/rgw.sh
 cargo bench --locked --bench cluster
