@@ -30,6 +30,9 @@ use std::time::{Duration, Instant};
 const PEER_PORT: u16 = 7470;
 const SHARDS: usize = 32;
 const CHECKPOINT_FILES: usize = 8;
+/// Where the other nodes reach the fault run's lying member: a relay on the bridge that flips
+/// a byte of every DATA frame it answers with.
+const LIAR_VIA: &str = "198.18.0.1:7471";
 
 fn env_or<T: std::str::FromStr>(k: &str, default: T) -> T {
     std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -52,16 +55,22 @@ struct File {
 }
 
 fn node(i: usize, n: usize, net: &Net, s: &Setup) -> Daemon {
+    node_with_liar(i, n, net, s, None)
+}
+
+/// Node `i` of `n`; the others reach node `liar`, if one is named, through [`LIAR_VIA`].
+fn node_with_liar(i: usize, n: usize, net: &Net, s: &Setup, liar: Option<usize>) -> Daemon {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("admin.sock");
     let config = dir.path().join("config.toml");
-    let members: Vec<String> = (0..n).map(|j| format!("\"{}:{PEER_PORT}\"", Net::addr(j))).collect();
+    let name = |j: usize| if liar == Some(j) { LIAR_VIA.to_owned() } else { format!("{}:{PEER_PORT}", Net::addr(j)) };
+    let members: Vec<String> = (0..n).map(|j| format!("\"{}\"", name(j))).collect();
     let text = format!(
         "state_dir = \"{state}\"\n[admin]\nsocket = \"{sock}\"\n[metrics]\nlisten = \"\"\n\
          [tiers.hot]\ncapacity = \"8GiB\"\n[tiers.warm]\ncapacity = \"0\"\n\
          [cold]\nkind = \"s3\"\nbucket = \"{bucket}\"\nendpoint = \"http://198.18.0.1:{port}\"\nregion = \"us-east-1\"\n\
          allow_http = true\nchunk_size = \"4MiB\"\n\
-         [peers]\nmembers = [{members}]\nlisten = \"{addr}:{PEER_PORT}\"\nadvertise = \"{addr}:{PEER_PORT}\"\n\
+         [peers]\nmembers = [{members}]\nlisten = \"{addr}:{PEER_PORT}\"\nadvertise = \"{me}\"\n\
          secret_file = \"{secret}\"\n",
         state = dir.path().join("state").display(),
         sock = socket.display(),
@@ -69,6 +78,7 @@ fn node(i: usize, n: usize, net: &Net, s: &Setup) -> Daemon {
         port = s.origin_port,
         members = members.join(", "),
         addr = Net::addr(i),
+        me = name(i),
         secret = s.secret.display(),
     );
     std::fs::write(&config, text).unwrap();
@@ -273,15 +283,18 @@ fn render(rows: &[Row], mib: usize, origin_mbit: f64, rtt_ms: u64, veth_mbit: f6
     t
 }
 
-/// Workload (a) on `n` ≥ 4 nodes, with three of them hit a second in: one SIGKILLed, one
-/// SIGSTOPped and one with its link set down. The other nodes read every file, every byte
-/// checked; the origin bytes ÷ unique bytes and the longest wait for bytes are reported.
+/// Workload (a) on `n` ≥ 5 nodes, with three of them hit a second in: one SIGKILLed, one
+/// SIGSTOPped and one with its link set down; and one of the readers sends every answer with
+/// bytes changed on the wire. The other nodes read every file, every byte checked; the origin
+/// bytes ÷ unique bytes, the longest wait for bytes and the lies caught are reported.
 fn faults(s: &Setup, net: &Net, n: usize, files: &[File]) -> String {
-    if n < 4 {
+    if n < 5 {
         return String::new();
     }
-    let mut nodes: Vec<Daemon> = (0..n).map(|i| node(i, n, net, s)).collect();
     let readers = n - 3;
+    let liar = readers - 1;
+    relay(LIAR_VIA, format!("{}:{PEER_PORT}", Net::addr(liar)), Back::CorruptWhen(Arc::new(true.into())));
+    let mut nodes: Vec<Daemon> = (0..n).map(|i| node_with_liar(i, n, net, s, Some(liar))).collect();
     let before = s.origin_sent.load(Ordering::Relaxed);
     let start = Instant::now();
     let (stopped, unlinked) = (nodes[n - 2].pid().unwrap(), net.host_veth(n - 1));
@@ -304,14 +317,17 @@ fn faults(s: &Setup, net: &Net, n: usize, files: &[File]) -> String {
     common::netns::ip(&["link", "set", &unlinked, "up"]);
     let origin = s.origin_sent.load(Ordering::Relaxed) - before;
     let unique: u64 = files.iter().map(|f| f.size).sum();
-    let fallbacks: u64 =
-        nodes[..readers].iter().map(|d| d.status()["peers"]["origin_fallbacks"].as_u64().unwrap_or(0)).sum();
+    let peers: Vec<serde_json::Value> = nodes[..readers].iter().map(|d| d.status()["peers"].clone()).collect();
+    let sum = |field: &str| peers.iter().map(|p| p[field].as_u64().unwrap_or(0)).sum::<u64>();
+    let (fallbacks, caught) = (sum("origin_fallbacks"), sum("corrupt"));
+    assert!(caught > 0, "no node caught the lying member's bytes: {peers:#?}");
     let longest = waits.iter().max().copied().unwrap_or_default();
     eprintln!("cluster: faults N={n}: {secs:.1} s, origin {origin} B of {unique}, longest wait {longest:?}");
     format!(
         "\nFaults, workload (a) on {n} nodes, {readers} reading: a second in, one owner SIGKILLed, one \
-         SIGSTOPped, one with its link down. Every byte right; origin ÷ unique {:.3} (goal ≤ 1.5); \
-         longest wait for bytes {:.2} s; {fallbacks} origin fallbacks; {secs:.1} s.\n",
+         SIGSTOPped, one with its link down, and one reader's answers corrupted on the wire ({caught} \
+         caught). Every byte right; origin ÷ unique {:.3} (goal ≤ 1.5); longest wait for bytes {:.2} s; \
+         {fallbacks} origin fallbacks; {secs:.1} s.\n",
         origin as f64 / unique as f64,
         longest.as_secs_f64()
     )

@@ -1,16 +1,18 @@
 //! Asking a peer for a chunk: one HTTP/2 connection per member, shared by every request to it,
-//! and each stage bounded in time, so that a dead or stalled member costs a fraction of a
-//! second rather than a TCP timeout. What comes back is checked (its length, and its CRC32C or
-//! its digest) before a byte of it is handed on.
+//! and each stage bounded in time, so that a dead or stopped member costs a fraction of a
+//! second rather than a TCP timeout. A member answers at once and fetches afterwards, so the
+//! first-byte timeout can be short; while it fetches from its origin, HTTP/2 pings tell that
+//! it is still alive. What comes back is checked (its length, and its CRC32C or its digest)
+//! before a byte of it is handed on.
 
 use super::auth::{AUTH_HEADER, PeerSecret, now_secs};
-use super::wire::{CRC_HEADER, ChunkRequest, HOLDER_HEADER};
+use super::wire::{CRC_TRAILER, ChunkRequest, ERROR_TRAILER, HOLDER_HEADER, STATUS_TRAILER};
 use crate::chunkfile::crc32c;
 use crate::{ChunkKey, Identity};
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http2::SendRequest;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -20,10 +22,14 @@ use std::time::Duration;
 pub struct Timeouts {
     /// To connect, TCP and the HTTP/2 handshake.
     pub connect: Duration,
-    /// From the request to the answer's first byte: the owner may be fetching from the origin.
+    /// From the request to the answer's headers, which a live member sends before it fetches.
     pub first_byte: Duration,
-    /// Between two pieces of the body: a stream that stalls longer is given up on.
+    /// Between two pieces of the body: a stream that stalls longer is given up on. It is also
+    /// how long a ping may go unanswered, with pings every half of it while a request is open.
     pub stall: Duration,
+    /// From the headers to the first piece: a member that answers pings may be fetching the
+    /// chunk from its origin that long.
+    pub fetch: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -80,7 +86,11 @@ impl PeerClient {
         let connect = async {
             let tcp = tokio::net::TcpStream::connect(member).await.map_err(|e| connect_err(e.to_string()))?;
             let _ = tcp.set_nodelay(true);
-            let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            let (send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .keep_alive_interval(self.timeouts.stall / 2)
+                .keep_alive_timeout(self.timeouts.stall)
+                .handshake(TokioIo::new(tcp))
                 .await
                 .map_err(|e| connect_err(e.to_string()))?;
             let name = member.to_owned();
@@ -135,22 +145,24 @@ impl PeerClient {
             return Err(PeerError::Redirect { member: member.to_owned(), to: to.to_owned() });
         }
         let mut data = BytesMut::from(&have[..]);
-        // Each piece of the body must come within the stall timeout; a whole chunk is at most a
-        // few MiB, so the answer is held whole before it is checked.
+        let mut trailers = None;
+        // Each piece of the body must come within the stall timeout, the first within the fetch
+        // timeout; a whole chunk is at most a few MiB, so the answer is held whole before it is
+        // checked.
         loop {
-            match tokio::time::timeout(self.timeouts.stall, body.frame()).await {
+            let wait = if data.len() == have.len() { self.timeouts.fetch } else { self.timeouts.stall };
+            match tokio::time::timeout(wait, body.frame()).await {
                 Err(_) if parts.status.is_success() && data.len() > have.len() => {
                     let got = data.freeze().slice(have.len()..);
-                    return Err(PeerError::Stalled { member: member.to_owned(), after: self.timeouts.stall, got });
+                    return Err(PeerError::Stalled { member: member.to_owned(), after: wait, got });
                 }
-                Err(_) => return Err(timeout(self.timeouts.stall)),
+                Err(_) => return Err(timeout(wait)),
                 Ok(None) => break,
                 Ok(Some(Err(e))) => return Err(transport(&e)),
-                Ok(Some(Ok(frame))) => {
-                    if let Ok(piece) = frame.into_data() {
-                        data.extend_from_slice(&piece);
-                    }
-                }
+                Ok(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(piece) => data.extend_from_slice(&piece),
+                    Err(frame) => trailers = frame.into_trailers().ok(),
+                },
             }
         }
         let data = data.freeze();
@@ -159,8 +171,12 @@ impl PeerClient {
             let message = String::from_utf8_lossy(&answer[..answer.len().min(300)]).into_owned();
             return Err(PeerError::Status { member: member.to_owned(), status: parts.status.as_u16(), message });
         }
-        let crc =
-            parts.headers.get(CRC_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| u32::from_str_radix(v, 16).ok());
+        let trailer = |name: &str| trailers.as_ref().and_then(|t| t.get(name)).and_then(|v| v.to_str().ok());
+        if let Some(status) = trailer(STATUS_TRAILER).and_then(|s| s.parse().ok()) {
+            let message = trailer(ERROR_TRAILER).unwrap_or_default().to_owned();
+            return Err(PeerError::Status { member: member.to_owned(), status, message });
+        }
+        let crc = trailer(CRC_TRAILER).and_then(|v| u32::from_str_radix(v, 16).ok());
         check(member, req, &data, crc)?;
         Ok(data)
     }
@@ -178,7 +194,7 @@ fn check(member: &str, req: &ChunkRequest, data: &[u8], crc: Option<u32>) -> Res
         return corrupt(format!("{} bytes where the chunk has {len}", data.len()));
     }
     match crc {
-        None => return corrupt(format!("no {CRC_HEADER} header")),
+        None => return corrupt(format!("no {CRC_TRAILER} trailer: the answer was cut short")),
         Some(c) if c != crc32c(data) => {
             return corrupt(format!("CRC32C {:08x}, but the header says {c:08x}", crc32c(data)));
         }

@@ -37,12 +37,16 @@ pub struct PeersConfig {
     pub refresh: Dur,
     #[serde(default = "default_connect")]
     pub connect_timeout: Dur,
-    /// Until the answer starts: the owner may be fetching the chunk from the origin.
+    /// Until the answer's headers, which a live member sends before it fetches anything.
     #[serde(default = "default_first_byte")]
     pub first_byte_timeout: Dur,
-    /// Between two pieces of an answer.
+    /// Between two pieces of an answer, and for a ping to be answered.
     #[serde(default = "default_stall")]
     pub stall_timeout: Dur,
+    /// From the headers to the first piece: how long a member that answers pings may spend
+    /// fetching the chunk from its origin.
+    #[serde(default = "default_fetch")]
+    pub fetch_timeout: Dur,
     /// How long a member that failed is skipped.
     #[serde(default = "default_suspect")]
     pub suspect_for: Dur,
@@ -67,7 +71,10 @@ fn default_connect() -> Dur {
     Dur(Duration::from_millis(250))
 }
 fn default_first_byte() -> Dur {
-    Dur(Duration::from_secs(5))
+    Dur(Duration::from_millis(250))
+}
+fn default_fetch() -> Dur {
+    Dur(Duration::from_secs(30))
 }
 fn default_stall() -> Dur {
     Dur(Duration::from_secs(2))
@@ -114,6 +121,7 @@ impl PeersConfig {
             ("connect_timeout", self.connect_timeout),
             ("first_byte_timeout", self.first_byte_timeout),
             ("stall_timeout", self.stall_timeout),
+            ("fetch_timeout", self.fetch_timeout),
         ] {
             if d.0.is_zero() {
                 return bad(key, "must be above 0s".into());
@@ -142,7 +150,12 @@ impl PeersConfig {
     }
 
     pub fn timeouts(&self) -> Timeouts {
-        Timeouts { connect: self.connect_timeout.0, first_byte: self.first_byte_timeout.0, stall: self.stall_timeout.0 }
+        Timeouts {
+            connect: self.connect_timeout.0,
+            first_byte: self.first_byte_timeout.0,
+            stall: self.stall_timeout.0,
+            fetch: self.fetch_timeout.0,
+        }
     }
 
     pub fn failover(&self) -> FailoverOptions {

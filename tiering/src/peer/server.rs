@@ -6,16 +6,19 @@
 
 use super::auth::{AUTH_HEADER, PeerSecret, now_secs};
 use super::hot::{Admission, HotChunks, SendGuard};
-use super::wire::{Ask, CHUNK_PATH, CRC_HEADER, ChunkRequest, HOLDER_HEADER};
+use super::wire::{Ask, CHUNK_PATH, CRC_TRAILER, ChunkRequest, ERROR_TRAILER, HOLDER_HEADER, STATUS_TRAILER};
 use crate::chunkfile::crc32c;
 use crate::source::{ObjectInfo, ObjectSource};
 use crate::{ChunkKey, FetchError, Fetcher, GetOptions, Identity, PathPattern, TieredCache};
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use futures::StreamExt;
 use futures::future::BoxFuture;
+use http_body_util::StreamBody;
+use hyper::body::Frame;
 use std::sync::Arc;
 
 /// Where this node fetches a chunk from when it serves a peer and does not hold it.
@@ -93,7 +96,7 @@ async fn chunk(State(s): State<ServeState>, uri: Uri, headers: HeaderMap) -> Res
     if s.not_shared.iter().any(|p| p.matches(&req.key.path)) {
         return (StatusCode::NOT_FOUND, "this path is not shared with peers").into_response();
     }
-    let (fetcher, guard): (Arc<dyn Fetcher>, Option<SendGuard>) = if req.ask == Ask::Holder {
+    let (fetcher, mut guard): (Arc<dyn Fetcher>, Option<SendGuard>) = if req.ask == Ask::Holder {
         // Only what this node holds or is receiving now: a holder never fetches for another.
         if s.cache.location(&req.key).is_none() && !s.cache.fetching(&req.key) {
             return (StatusCode::NOT_FOUND, "this member does not hold the chunk").into_response();
@@ -112,38 +115,61 @@ async fn chunk(State(s): State<ServeState>, uri: Uri, headers: HeaderMap) -> Res
             }
         }
     };
-    match s.cache.get(&req.key, fetcher, GetOptions::default()).await {
-        Ok(bytes) => {
-            let Some(rest) = bytes.get(req.start as usize..).map(|r| bytes.slice_ref(r)) else {
-                let why = format!("byte {} is past the {}-byte chunk", req.start, bytes.len());
-                return (StatusCode::BAD_REQUEST, why).into_response();
-            };
-            let sent = if guard.is_some() { &s.metrics.served_bytes } else { &s.metrics.holder_served_bytes };
-            sent.inc_by(rest.len() as u64);
-            let crc = format!("{:08x}", crc32c(&bytes));
-            (StatusCode::OK, [(CRC_HEADER, crc)], body(rest, guard)).into_response()
-        }
+    // The answer starts at once, before the chunk is fetched: that an owner is alive and
+    // serving is told within the asker's short first-byte timeout, however slow the origin.
+    let sent = if guard.is_some() { s.metrics.served_bytes.clone() } else { s.metrics.holder_served_bytes.clone() };
+    let fetched = async move { (s.cache.get(&req.key, fetcher, GetOptions::default()).await, req.start) };
+    let frames = futures::stream::once(fetched).flat_map(move |(got, start)| match got {
+        Ok(bytes) => match bytes.get(start as usize..).map(|r| bytes.slice_ref(r)) {
+            Some(rest) => {
+                sent.inc_by(rest.len() as u64);
+                let crc = format!("{:08x}", crc32c(&bytes));
+                pieces(rest, crc, guard.take())
+            }
+            None => {
+                let why = format!("byte {start} is past the {}-byte chunk", bytes.len());
+                failure(StatusCode::BAD_REQUEST, &why)
+            }
+        },
         // The origin's own error, for the requester's log: it goes to the origin itself next.
-        Err(e) => (StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
-    }
+        Err(e) => failure(StatusCode::BAD_GATEWAY, &e.to_string()),
+    });
+    (StatusCode::OK, Body::new(StreamBody::new(frames))).into_response()
 }
+
+type Frames = futures::stream::BoxStream<'static, Result<Frame<Bytes>, std::convert::Infallible>>;
 
 /// How much of a chunk goes in one piece of the body: the transfer counts against the hot
 /// bound until its last piece is taken, and a requester sees progress piece by piece.
 const PIECE: usize = 256 << 10;
 
-/// `bytes` as a body, holding `guard` until the last piece has been taken by the connection.
-fn body(bytes: Bytes, guard: Option<SendGuard>) -> Body {
-    let stream = futures::stream::unfold((bytes, guard), |(rest, guard)| async move {
+/// `bytes` in pieces, then the trailers with the whole chunk's CRC32C, holding `guard` until
+/// the last piece has been taken by the connection.
+fn pieces(bytes: Bytes, crc: String, guard: Option<SendGuard>) -> Frames {
+    let data = futures::stream::unfold((bytes, guard), |(mut rest, guard)| async move {
         if rest.is_empty() {
             drop(guard);
             return None;
         }
-        let mut rest = rest;
         let piece = rest.split_to(rest.len().min(PIECE));
-        Some((Ok::<_, std::convert::Infallible>(piece), (rest, guard)))
+        Some((Ok(Frame::data(piece)), (rest, guard)))
     });
-    Body::from_stream(stream)
+    data.chain(futures::stream::once(async move { Ok(Frame::trailers(trailers(&[(CRC_TRAILER, crc)]))) })).boxed()
+}
+
+/// A failure found once the answer had started: no data, and the status and why in trailers.
+fn failure(status: StatusCode, why: &str) -> Frames {
+    // A header value holds visible ASCII and spaces only, and a reason needs no more than a line.
+    let why: String = why.chars().map(|c| if c == ' ' || c.is_ascii_graphic() { c } else { '?' }).take(300).collect();
+    let t = trailers(&[(STATUS_TRAILER, status.as_u16().to_string()), (ERROR_TRAILER, why)]);
+    futures::stream::once(async move { Ok(Frame::trailers(t)) }).boxed()
+}
+
+fn trailers(fields: &[(&'static str, String)]) -> HeaderMap {
+    fields
+        .iter()
+        .filter_map(|(name, value)| Some((HeaderName::from_static(name), HeaderValue::from_str(value).ok()?)))
+        .collect()
 }
 
 /// The fetcher of a holder: the chunk was in a tier or in flight a moment ago, and is not now.

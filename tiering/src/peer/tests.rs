@@ -4,7 +4,7 @@
 use super::auth::test_secret;
 use super::client::{PeerClient, PeerError, Timeouts};
 use super::server::{Origin, ServeState, serve};
-use super::wire::{CHUNK_PATH, CRC_HEADER, ChunkRequest};
+use super::wire::{CHUNK_PATH, CRC_TRAILER, ChunkRequest};
 use super::*;
 use crate::chunkfile::crc32c;
 use crate::{
@@ -19,8 +19,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const CHUNK: u64 = 64 << 10;
-const TIMEOUTS: Timeouts =
-    Timeouts { connect: Duration::from_millis(200), first_byte: Duration::from_secs(5), stall: Duration::from_secs(5) };
+// A first-byte timeout far shorter than the slow origins below: a member answers before it
+// fetches, so an origin slower than the timeout costs no failover.
+const TIMEOUTS: Timeouts = Timeouts {
+    connect: Duration::from_millis(200),
+    first_byte: Duration::from_millis(100),
+    stall: Duration::from_secs(5),
+    fetch: Duration::from_secs(10),
+};
 const FANOUT: usize = 4;
 const FAILOVER: FailoverOptions = FailoverOptions { suspect_for: Duration::from_secs(30), tries: 3 };
 
@@ -265,6 +271,16 @@ async fn a_dead_or_stalled_member_is_tried_once_and_the_bytes_stay_right() {
     drop(stalled);
 }
 
+/// An answer as a member sends it: `pieces`, then the CRC32C trailer `crc`.
+fn answer(pieces: impl futures::Stream<Item = Bytes> + Send + 'static, crc: u32) -> axum::body::Body {
+    use futures::StreamExt;
+    use hyper::body::Frame;
+    let mut t = axum::http::HeaderMap::new();
+    t.insert(CRC_TRAILER, format!("{crc:08x}").parse().unwrap());
+    let frames = pieces.map(Frame::data).chain(futures::stream::iter([Frame::trailers(t)]));
+    axum::body::Body::new(http_body_util::StreamBody::new(frames.map(Ok::<_, std::convert::Infallible>)))
+}
+
 /// A member that answers with one byte changed, and the CRC32C of the true bytes.
 async fn lying_member(origin: Arc<TestOrigin>) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -277,7 +293,7 @@ async fn lying_member(origin: Arc<TestOrigin>) -> String {
             let truth = origin.expected(index);
             let mut bytes = truth.to_vec();
             bytes[7] ^= 0x40;
-            ([(CRC_HEADER, format!("{:08x}", crc32c(&truth)))], bytes)
+            answer(futures::stream::iter([Bytes::from(bytes)]), crc32c(&truth))
         }
     };
     let app = axum::Router::new().route(CHUNK_PATH, axum::routing::get(lie));
@@ -379,9 +395,7 @@ async fn stalling_member(origin: Arc<TestOrigin>) -> String {
             let Identity::Object { index, .. } = req.key.identity else { unreachable!() };
             let truth = origin.expected(index);
             let half = truth.slice(..truth.len() / 2);
-            let body = futures::stream::once(async move { Ok::<_, std::convert::Infallible>(half) })
-                .chain(futures::stream::pending());
-            ([(CRC_HEADER, format!("{:08x}", crc32c(&truth)))], axum::body::Body::from_stream(body))
+            answer(futures::stream::iter([half]).chain(futures::stream::pending()), crc32c(&truth))
         }
     };
     let app = axum::Router::new().route(CHUNK_PATH, axum::routing::get(stall));
@@ -433,4 +447,94 @@ async fn a_path_marked_not_shared_never_crosses_the_peer_port() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// A relay to `upstream` that, once `frozen` is set, neither reads nor writes a byte again but
+/// holds its connections open: a member whose process was stopped, or whose link went down.
+async fn freezable(upstream: String, frozen: Arc<std::sync::atomic::AtomicBool>) -> String {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let name = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((inbound, _)) = listener.accept().await {
+            let outbound = tokio::net::TcpStream::connect(&upstream).await.unwrap();
+            let (ri, wi) = inbound.into_split();
+            let (ro, wo) = outbound.into_split();
+            for (mut r, mut w) in [
+                (
+                    Box::new(ri) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+                    Box::new(wo) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
+                ),
+                (Box::new(ro), Box::new(wi)),
+            ] {
+                let frozen = frozen.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 << 10];
+                    while let Ok(n) = r.read(&mut buf).await {
+                        while frozen.load(Ordering::Relaxed) {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        if n == 0 || w.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        }
+    });
+    name
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_stops_costs_a_short_timeout_before_or_during_its_answer() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // Slow enough that a member stopped once its answer began is caught while fetching.
+    let origin = TestOrigin::slow((64 * CHUNK) as usize, Duration::from_millis(800));
+    // Pings every second, each given two: long beside the first-byte timeout, short beside
+    // the fetch timeout.
+    let timeouts = Timeouts { stall: Duration::from_secs(2), ..TIMEOUTS };
+    // Two names for node 1's peer port, each through a relay that can be frozen.
+    let (before, during) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let mut nodes = cluster_with(2, &origin, &[], FANOUT, timeouts, &[]).await;
+    let via_before = freezable(nodes[1].name.clone(), before.clone()).await;
+    let via_during = freezable(nodes[1].name.clone(), during.clone()).await;
+    let names = vec![nodes[0].name.clone(), nodes[1].name.clone(), via_before.clone(), via_during.clone()];
+    let members: Vec<Member> = names.iter().map(|n| Member { name: n.clone(), weight: 1.0 }).collect();
+    let node = nodes.remove(0);
+    let tier = PeerTier::new(
+        SelfName::Named(node.name.clone()),
+        Membership::start(MemberSource::Static(members), Duration::from_secs(1)).await.unwrap(),
+        PeerClient::new(test_secret(1), timeouts),
+        FAILOVER,
+        node.metrics.clone(),
+        vec![],
+    );
+    let node = Node { tier, ..node };
+
+    // Stopped with its connection open: the request's headers never come.
+    let [warm, cold] = owned_by(&origin, &names, &via_before, 2)[..] else { unreachable!() };
+    assert_eq!(node.read(&origin, warm).await, origin.expected(warm));
+    assert_eq!(node.metrics.peer_errors.get(), 0, "the relay passes a live member's answer");
+    before.store(true, Ordering::Relaxed);
+    let start = std::time::Instant::now();
+    assert_eq!(node.read(&origin, cold).await, origin.expected(cold));
+    let waited = start.elapsed();
+    assert_eq!((node.metrics.peer_timeouts.get(), node.metrics.suspects.get()), (1, 1));
+    assert!(waited < timeouts.stall, "the first-byte timeout, not a ping, caught it: {waited:?}");
+
+    // Stopped while it fetches from the origin, its answer begun: unanswered pings catch it.
+    let chunk = owned_by(&origin, &names, &via_during, 1)[0];
+    let node = Arc::new(node);
+    let start = std::time::Instant::now();
+    let reader = {
+        let (node, origin) = (node.clone(), origin.clone());
+        tokio::spawn(async move { node.read(&origin, chunk).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    during.store(true, Ordering::Relaxed);
+    assert_eq!(reader.await.unwrap(), origin.expected(chunk));
+    let waited = start.elapsed();
+    assert_eq!((node.metrics.peer_errors.get(), node.metrics.suspects.get()), (2, 2));
+    assert!(waited < timeouts.fetch, "caught before the fetch timeout: {waited:?}");
 }

@@ -1,18 +1,24 @@
 //! What crosses the peer port: `GET /strata/v1/chunk?k=KEY` over HTTP/2, where KEY is the
 //! chunk's request in base64url JSON (its [`ChunkKey`], the size of the object it is cut
 //! from, who asks, from which byte, and of whom), signed as [`super::auth`] says. The answer
-//! is the chunk's bytes from that byte on, with the CRC32C of the whole chunk in a header so
-//! that the requester checks what crossed the wire before it keeps a byte; or, from an owner
-//! sending the chunk to as many members as it will at once, `307` and the name of a member
-//! that holds it or is receiving it now.
+//! starts at once, before the chunk is fetched, so that an asker tells a live member from a
+//! stopped one within a short timeout. Its body is the chunk's bytes from that byte on, and its
+//! trailers hold the CRC32C of the whole chunk, which the requester checks before it keeps a
+//! byte; or, should the fetch fail after the answer started, the status and the reason. An
+//! owner sending the chunk to as many members as it will at once answers `307` instead, with
+//! the name of a member that holds it or is receiving it now.
 
 use crate::ChunkKey;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 
 pub const CHUNK_PATH: &str = "/strata/v1/chunk";
-/// The response header with the CRC32C of the whole chunk, in hex.
-pub const CRC_HEADER: &str = "x-strata-crc32c";
+/// The trailer with the CRC32C of the whole chunk, in hex.
+pub const CRC_TRAILER: &str = "x-strata-crc32c";
+/// The trailers of an answer whose fetch failed after it started: the status it would have
+/// had (400, 404 or 502), and why.
+pub const STATUS_TRAILER: &str = "x-strata-status";
+pub const ERROR_TRAILER: &str = "x-strata-error";
 /// The header of a `307` answer: the member to ask instead, in [`Ask::Holder`] mode.
 pub const HOLDER_HEADER: &str = "x-strata-peer-holder";
 
