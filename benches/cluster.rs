@@ -10,14 +10,19 @@
 //!
 //! Every byte every node reads is checked against the source's sha256. Workloads:
 //! (a) every node reads the same dataset; (b) each node reads a disjoint 1/N of it, then the
-//! next node's share, as shuffled epochs do; (d) every node restores the same checkpoint (8
-//! files, read at once). Writes the table to `target/cluster.md` too.
+//! next node's share, as shuffled epochs do; (c) every node starts the same lazy image at once,
+//! each with a containerd of its own, against the test registry behind a shaped link of its
+//! own (origin bytes: what the daemons fetched from it until every layer was whole on every
+//! node; time: until every container printed its line); (d) every node restores the same
+//! checkpoint (8 files, read at once). Writes the table to `target/cluster.md` too.
 
 #[path = "../tests/common/mod.rs"]
 #[allow(unused_imports)]
 mod common;
 
+use common::containerd::registry;
 use common::netns::{Back, Net, relay};
+use common::peer_node::ImageNode;
 use common::{BIN, Daemon, Rgw, data, sha, unique_prefix};
 use object_store::ObjectStoreExt;
 use sha2::{Digest, Sha256};
@@ -33,6 +38,11 @@ const CHECKPOINT_FILES: usize = 8;
 /// Where the other nodes reach the fault run's lying member: a relay on the bridge that flips
 /// a byte of every DATA frame it answers with.
 const LIAR_VIA: &str = "198.18.0.1:7471";
+/// Where the nodes reach the registry: a relay on the bridge, shaped as the origin link.
+const REGISTRY_VIA: &str = "198.18.0.1:5001";
+/// The image of workload (c), and what its containers run.
+const IMAGE: &str = "strata/python:esgz-opt";
+const IMAGE_SCRIPT: &str = "python3 -c 'print(1)'";
 
 fn env_or<T: std::str::FromStr>(k: &str, default: T) -> T {
     std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -42,6 +52,8 @@ struct Setup {
     rgw: Rgw,
     origin_port: String,
     origin_sent: Arc<AtomicU64>,
+    /// What the registry's link carried.
+    registry_sent: Arc<AtomicU64>,
     veth_bits: f64,
     secret: std::path::PathBuf,
 }
@@ -182,6 +194,55 @@ fn run(
     Row { workload, n, unique, origin, secs, peer_ratio }
 }
 
+/// Workload (c) on `n` fresh nodes, each with a containerd of its own: every node pulls and
+/// starts [`IMAGE`] at once, and then fetches its layers whole in the background.
+fn images(s: &Setup, net: &Net, n: usize) -> Row {
+    let image = format!("{}/{IMAGE}", registry());
+    let nodes: Vec<ImageNode> = (0..n).map(|i| ImageNode::start(i, n, net, &s.secret, REGISTRY_VIA)).collect();
+    let before = s.registry_sent.load(Ordering::Relaxed);
+    let start = Instant::now();
+    std::thread::scope(|sc| {
+        for (i, node) in nodes.iter().enumerate() {
+            let image = &image;
+            sc.spawn(move || {
+                let out = node.start_container(image, &format!("start-{i}"), IMAGE_SCRIPT);
+                assert_eq!(out, "1\n", "node {i}'s container\n{}", node.daemon.log());
+            });
+        }
+    });
+    let secs = start.elapsed().as_secs_f64();
+    let reports: Vec<(Vec<serde_json::Value>, f64)> = nodes
+        .iter()
+        .map(|node| {
+            let report = node.layers_done(Duration::from_secs(600));
+            (report, start.elapsed().as_secs_f64())
+        })
+        .collect();
+    let origin = s.registry_sent.load(Ordering::Relaxed) - before;
+    let unique: u64 = reports[0].0.iter().map(|l| l["blob_size"].as_u64().unwrap()).sum();
+    for (i, (report, _)) in reports.iter().enumerate() {
+        assert!(
+            report.iter().all(|l| l["lazy"] == true && l["chunks_cached"] == l["chunks_total"]),
+            "node {i}: {report:#?}"
+        );
+        let peers = nodes[i].daemon.status()["peers"].clone();
+        assert_eq!(peers["corrupt"], 0, "node {i}: {peers:#}");
+    }
+    let peer_ratio = (n > 1).then(|| {
+        let per_node: Vec<f64> = nodes
+            .iter()
+            .zip(&reports)
+            .map(|(node, (_, t))| {
+                let got = node.daemon.status()["peers"]["received_bytes"].as_u64().unwrap() as f64;
+                got * 8.0 / t / s.veth_bits
+            })
+            .collect();
+        per_node.iter().sum::<f64>() / per_node.len() as f64
+    });
+    eprintln!("cluster: (c) N={n}: {secs:.1} s to every start, origin {origin} B of {unique} unique");
+    Row { workload: "c", n, unique, origin, secs, peer_ratio }
+}
+
 fn put_files(s: &Setup, prefix: &str, name: &str, count: usize, size: usize, seed: u64) -> Vec<File> {
     let store = s.rgw.store();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -229,11 +290,22 @@ fn main() {
             sent: origin_sent.clone(),
         },
     );
+    let registry_sent = Arc::new(AtomicU64::new(0));
+    relay(
+        REGISTRY_VIA,
+        registry(),
+        Back::Link {
+            delay: Duration::from_millis(rtt_ms),
+            bytes_per_sec: Some(origin_mbit * 1e6 / 8.0),
+            sent: registry_sent.clone(),
+        },
+    );
     for i in 0..most {
         net.shape(i, &format!("{veth_mbit}mbit"));
         net.wait_reaches(i, &format!("198.18.0.1:{origin_port}"));
+        net.wait_reaches(i, REGISTRY_VIA);
     }
-    let s = Setup { rgw, origin_port, origin_sent, veth_bits: veth_mbit * 1e6, secret };
+    let s = Setup { rgw, origin_port, origin_sent, registry_sent, veth_bits: veth_mbit * 1e6, secret };
     let prefix = unique_prefix("cluster");
     let shard = (mib << 20) / SHARDS;
     let a = put_files(&s, &prefix, "dataset-a", SHARDS, shard, 1000);
@@ -247,6 +319,7 @@ fn main() {
             let share = |j: usize| (0..SHARDS).filter(move |k| k % n == j % n);
             share(i).chain(if n > 1 { Some(share(i + 1)) } else { None }.into_iter().flatten()).collect()
         }));
+        rows.push(images(&s, &net, n));
         rows.push(run(&s, &net, "d", n, &d, |_, _| (0..CHECKPOINT_FILES).collect()));
     }
     let faults = faults(
@@ -265,7 +338,8 @@ fn main() {
 
 fn render(rows: &[Row], mib: usize, origin_mbit: f64, rtt_ms: u64, veth_mbit: f64) -> String {
     let mut t = format!(
-        "{mib} MiB per workload; origin link {origin_mbit} Mbit/s with {rtt_ms} ms added; node veths {veth_mbit} Mbit/s\n\n\
+        "{mib} MiB per workload (a), (b) and (d); (c) is {IMAGE}, its containers running `{IMAGE_SCRIPT}`; \
+         origin links (RGW, the registry) {origin_mbit} Mbit/s with {rtt_ms} ms added; node veths {veth_mbit} Mbit/s\n\n\
          | workload | N | origin ÷ unique | time ÷ time at N=1 | peer throughput ÷ veth | wall (s) |\n|---|---|---|---|---|---|\n"
     );
     for r in rows {
@@ -322,6 +396,12 @@ fn faults(s: &Setup, net: &Net, n: usize, files: &[File]) -> String {
     let (fallbacks, caught) = (sum("origin_fallbacks"), sum("corrupt"));
     assert!(caught > 0, "no node caught the lying member's bytes: {peers:#?}");
     let longest = waits.iter().max().copied().unwrap_or_default();
+    // The daemons' logs, for what the fault run's figures do not say.
+    let logs = std::path::Path::new("target/cluster-logs");
+    let _ = std::fs::create_dir_all(logs);
+    for (i, d) in nodes.iter().enumerate() {
+        let _ = std::fs::write(logs.join(format!("faults-node-{i}.log")), d.log());
+    }
     eprintln!("cluster: faults N={n}: {secs:.1} s, origin {origin} B of {unique}, longest wait {longest:?}");
     format!(
         "\nFaults, workload (a) on {n} nodes, {readers} reading: a second in, one owner SIGKILLed, one \

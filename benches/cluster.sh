@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The peer tier at cluster scale (benches/cluster.rs): N daemons in network namespaces on a
-# bridge, against Ceph RGW behind a shaped origin link. Starts RGW and stops it after. Run
-# tests/run-all.sh once first on a fresh machine, for the packages. As root:
+# bridge, against Ceph RGW and the test registry behind shaped origin links. Starts RGW and the
+# registry with the test images, and stops them after. Run tests/run-all.sh once first on a
+# fresh machine, for the packages. As root:
 #   bash benches/cluster.sh
 # STRATA_BENCH_NODES ("1 4 8 16"), STRATA_BENCH_MIB (2048, per workload),
 # STRATA_BENCH_ORIGIN_MBIT (1000), STRATA_BENCH_RTT_MS (10) and STRATA_BENCH_VETH_MBIT (2000)
@@ -10,4 +11,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 source benches/rgw.sh
+source benches/registry.sh
 cargo bench --locked --bench cluster

@@ -8,12 +8,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-if [[ -z ${STRATA_TEST_REGISTRY:-} ]]; then
-  REGISTRY_DIR=$(mktemp -d /tmp/strata-bench-registry.XXXXXX)
-  export REGISTRY_PORT=${REGISTRY_PORT:-5070}
-  trap 'bash "$ROOT/tests/infra/registry.sh" stop "$REGISTRY_DIR" >/dev/null 2>&1 || true' EXIT
-  bash tests/infra/registry.sh start "$REGISTRY_DIR"
-  bash tests/infra/images.sh "127.0.0.1:$REGISTRY_PORT" "$REGISTRY_DIR/build"
-  export STRATA_TEST_REGISTRY=127.0.0.1:$REGISTRY_PORT STRATA_TEST_REGISTRY_LOG=$REGISTRY_DIR/registry.log
-fi
+source benches/registry.sh
 cargo bench --locked --bench lazy_pull

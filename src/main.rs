@@ -117,10 +117,10 @@ async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
         config.snapshotter.enabled = true;
         config.snapshotter.socket = s;
     }
-    let agent = Agent::start(config).await.context("cannot start the strata daemon")?;
+    let mut agent = Agent::start(config).await.context("cannot start the strata daemon")?;
     let stop = strata_tiering::services::Stop::default();
     let stopped = || stop.stopped();
-    let snapshots = snapshotter_cmd::start(&agent, &stop).await?;
+    let snapshots = snapshotter_cmd::start(&mut agent, &stop).await?;
     let mounts = mount_cmd::mount_declared(&agent).await;
     tokio::spawn({
         let stop = stop.clone();

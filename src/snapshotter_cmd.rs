@@ -4,6 +4,7 @@ use anyhow::Context;
 use std::sync::Arc;
 use strata_snapshotter::image_proxy;
 use strata_snapshotter::lazy::Lazy;
+use strata_snapshotter::peer_blobs::{self, PeerBlobs, RegistryOrigin};
 use strata_snapshotter::registry::Registry;
 use strata_snapshotter::registry::auth::Credentials;
 use strata_snapshotter::registry::hosts::Hosts;
@@ -33,8 +34,8 @@ pub struct Running {
 /// the config asks for it. Failing to open the store or bind the socket stops the daemon from
 /// starting: containerd would otherwise find a plugin that is configured but absent. A remote
 /// layer that cannot be mounted again is reported and does not.
-pub async fn start(agent: &Agent, stop: &Stop) -> anyhow::Result<Option<Running>> {
-    let cfg = &agent.config.snapshotter;
+pub async fn start(agent: &mut Agent, stop: &Stop) -> anyhow::Result<Option<Running>> {
+    let cfg = &agent.config.snapshotter.clone();
     if !cfg.enabled {
         return Ok(None);
     }
@@ -72,8 +73,13 @@ pub async fn start(agent: &Agent, stop: &Stop) -> anyhow::Result<Option<Running>
             fetch_whole: cfg.fetch_whole,
             fetch_program: cfg.fetch_image_program,
             metrics: agent.cache.metrics().clone(),
+            peers: agent.source.peers().map(|tier| Arc::new(PeerBlobs::new(agent.cache.clone(), tier.clone()))),
             ..RemoteOptions::default()
         };
+        if opts.peers.is_some() {
+            // Members ask this node for the segments it owns: it fetches them with its own logins.
+            agent.add_peer_origin(peer_blobs::PATH_PREFIX, Arc::new(RegistryOrigin { registry: registry.clone() }));
+        }
         let lazy = Arc::new(Lazy::new(registry, agent.cache.clone(), opts));
         // In the background: a registry that is gone must not hold the daemon's start-up, and
         // a container start mounts what it needs itself if it comes first.

@@ -152,10 +152,7 @@ impl Fetcher for LayerFetcher {
                 }
                 None => {
                     tracing::debug!(layer = %blob.digest, path, offset = chunk.offset, end, window, extra = extra.len(), "a read fetches a range");
-                    blob.registry
-                        .blob_range_stream(&blob.image, &blob.digest, chunk.offset..end)
-                        .await
-                        .map_err(registry_err)?
+                    blob.range_stream(chunk.offset..end).await.map_err(registry_err)?
                 }
             };
             // The reader's own chunk comes first in the range: it returns as soon as that is
@@ -208,9 +205,25 @@ impl Fetcher for LayerFetcher {
                 read_ahead(&blob, &pieces, end);
             }
             let name = path.clone();
-            let decoded = tokio::task::spawn_blocking(move || estargz::decode_chunk(&path, &chunk, &compressed))
-                .await
-                .map_err(|e| Arc::new(std::io::Error::other(e.to_string())) as FetchError)?;
+            let decode = |compressed: Bytes| {
+                let (path, chunk) = (path.clone(), chunk.clone());
+                async move {
+                    tokio::task::spawn_blocking(move || estargz::decode_chunk(&path, &chunk, &compressed))
+                        .await
+                        .map_err(|e| Arc::new(std::io::Error::other(e.to_string())) as FetchError)
+                }
+            };
+            let mut decoded = decode(compressed).await?;
+            if let (Err(e), Some(peers)) = (&decoded, &blob.peers) {
+                // The segments under it came from the peer tier (or this node's copy of them):
+                // they are dropped, and the chunk is fetched from the registry itself.
+                blob.rejects.layer_chunk_rejects.inc();
+                tracing::warn!(layer = %blob.digest, error = %e, "a chunk from the peer tier failed verification; fetching it from the registry");
+                let range = chunk.offset..chunk.compressed_end;
+                peers.forget(&blob.image, &blob.digest, range.clone()).await;
+                let direct = blob.registry.blob_range(&blob.image, &blob.digest, range).await.map_err(registry_err)?;
+                decoded = decode(direct).await?;
+            }
             let bytes = decoded.map_err(|e| {
                 // Flipped or foreign bytes: the read fails, nothing is cached, and it shows.
                 blob.rejects.layer_chunk_rejects.inc();
@@ -409,7 +422,7 @@ pub(crate) async fn stream_and_cache(
     pieces: Vec<(String, Chunk)>,
     downloaded: impl FnOnce(),
 ) -> Result<(), StreamError> {
-    let stream = blob.registry.blob_range_stream(&blob.image, &blob.digest, range.clone()).await?;
+    let stream = blob.range_stream(range.clone()).await?;
     cache_stream(blob, cache, stream, range.start, bytes::BytesMut::new(), pieces, downloaded).await
 }
 
@@ -505,6 +518,12 @@ fn decode_and_cache(
             Err(e) => {
                 blob.rejects.layer_chunk_rejects.inc();
                 tracing::error!(layer = %blob.digest, error = %e, "a chunk from the registry failed verification");
+                // Left uncached, it is fetched again when read; the segments it came from, if
+                // from the peer tier, are dropped so that the read does not meet them again.
+                if let Some(peers) = blob.peers.clone() {
+                    let (image, digest, range) = (blob.image.clone(), blob.digest.clone(), c.offset..c.compressed_end);
+                    tokio::runtime::Handle::current().block_on(peers.forget(&image, &digest, range));
+                }
                 first_error.get_or_insert(e);
             }
         }

@@ -9,6 +9,7 @@ use crate::estargz::{Chunk, Landmark};
 use crate::fetch::{InFlight, StreamError, cache_stream, stream_and_cache};
 use crate::layer::{Blob, LayerNamespace};
 use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -110,14 +111,21 @@ pub async fn fill(
     let region_end = prefetch_size(&ns);
     let runtime = runtime_pieces(&ns, region_end.unwrap_or(0));
     let runtime = fetch_runtime_files(&blob, &cache, &runtime, &progress);
+    // The chunks counted in `progress` already, by offset: the background pass, which goes
+    // over every chunk, counts each of the others once.
+    let mut counted = HashSet::new();
     match region_end {
         Some(end) => {
             progress.set_prefetch(Stage::Running);
             let region: Vec<&(String, Chunk)> = pieces.iter().filter(|(_, c)| c.compressed_end <= end).collect();
             let early = early.and_then(|e| e.confirmed(end, &blob.digest));
-            let (fetched, ()) = tokio::join!(fetch_group(&blob, &cache, &region, &progress, true, early), runtime);
+            let none = HashSet::new();
+            let (fetched, ran) =
+                tokio::join!(fetch_group(&blob, &cache, &region, &progress, true, early, &none), runtime);
+            counted.extend(ran);
             match fetched {
                 Ok(()) => {
+                    counted.extend(region.iter().map(|(_, c)| c.offset));
                     progress.set_prefetch(Stage::Done);
                 }
                 Err(e) => {
@@ -128,7 +136,7 @@ pub async fn fill(
         }
         None => {
             progress.set_prefetch(Stage::None);
-            runtime.await;
+            counted.extend(runtime.await);
         }
     }
     let Some(quiet) = background else {
@@ -151,7 +159,7 @@ pub async fn fill(
         }
     }
     for group in &groups {
-        if let Err(e) = background_group(&blob, &cache, group, &progress).await {
+        if let Err(e) = background_group(&blob, &cache, group, &progress, &counted).await {
             tracing::warn!(layer = %blob.digest, error = %e, "background fetch stopped; reads fetch on demand");
             progress.fail(&progress.background, e.to_string());
             return;
@@ -181,14 +189,26 @@ fn runtime_pieces(ns: &LayerNamespace, region_end: u64) -> Vec<(String, Chunk)> 
 /// Fetches `files` (from [`runtime_pieces`]) beside the prefetch region, a request each, all
 /// at once: they are a few hundred bytes each, and apart. A container starting meanwhile waits
 /// for them rather than asking again; one that failed is left to the container's own read.
-async fn fetch_runtime_files(blob: &Arc<Blob>, cache: &TieredCache, files: &[(String, Chunk)], progress: &Progress) {
+/// Returns the offsets of those it counted as cached.
+async fn fetch_runtime_files(
+    blob: &Arc<Blob>,
+    cache: &TieredCache,
+    files: &[(String, Chunk)],
+    progress: &Progress,
+) -> Vec<u64> {
+    let none = HashSet::new();
     let fetches =
-        files.iter().map(|piece| async move { fetch_group(blob, cache, &[piece], progress, true, None).await });
-    for (fetched, (path, _)) in futures::future::join_all(fetches).await.into_iter().zip(files) {
-        if let Err(e) = fetched {
-            tracing::debug!(layer = %blob.digest, path, error = %e, "a file every container start reads was not fetched ahead");
+        files.iter().map(|piece| async { fetch_group(blob, cache, &[piece], progress, true, None, &none).await });
+    let mut counted = Vec::new();
+    for (fetched, (path, c)) in futures::future::join_all(fetches).await.into_iter().zip(files) {
+        match fetched {
+            Ok(()) => counted.push(c.offset),
+            Err(e) => {
+                tracing::debug!(layer = %blob.digest, path, error = %e, "a file every container start reads was not fetched ahead")
+            }
         }
     }
+    counted
 }
 
 /// A background range, fetched only when no container read is waiting on this layer.
@@ -197,18 +217,20 @@ async fn background_group(
     cache: &TieredCache,
     group: &[&(String, Chunk)],
     progress: &Progress,
+    counted: &HashSet<u64>,
 ) -> Result<(), StreamError> {
     while blob.demand.load(Ordering::Relaxed) > 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    fetch_group(blob, cache, group, progress, false, None).await
+    fetch_group(blob, cache, group, progress, false, None, counted).await
 }
 
 /// Fetches the compressed range that covers `group` in one request, and caches each of its
 /// chunks that is not cached yet as its bytes arrive. With `shared`, the range is in flight
 /// meanwhile, so a container read of one of its chunks waits for it rather than fetching it
 /// again: right for the prefetch region, which a starting container reads; a background range
-/// is not shared, since a read of its last chunk would wait for all 8 MiB before it.
+/// is not shared, since a read of its last chunk would wait for all 8 MiB before it. Chunks
+/// found cached count in `progress` unless their offsets are in `counted`.
 async fn fetch_group(
     blob: &Arc<Blob>,
     cache: &TieredCache,
@@ -216,6 +238,7 @@ async fn fetch_group(
     progress: &Progress,
     shared: bool,
     asked: Option<EarlyPrefetch>,
+    counted: &HashSet<u64>,
 ) -> Result<(), StreamError> {
     let key = |(path, c): &(String, Chunk)| ChunkKey::digest(path.clone(), c.digest.clone());
     let missing: Vec<(String, Chunk)> = group
@@ -223,7 +246,7 @@ async fn fetch_group(
         .copied()
         .filter(|p| {
             let cached = cache.location(&key(p)).is_some();
-            if cached {
+            if cached && !counted.contains(&p.1.offset) {
                 progress.chunks_cached.fetch_add(1, Ordering::Relaxed);
             }
             !cached

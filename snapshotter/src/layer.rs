@@ -71,6 +71,8 @@ pub struct Blob {
     early: std::sync::Mutex<Vec<crate::early::EarlyPrefetch>>,
     /// Where reads wait for the layer's prefetch region, if a container start waits for it.
     pub(crate) region: std::sync::OnceLock<crate::gate::RegionGate>,
+    /// The peer tier, which the blob's bytes come through when the node has one.
+    pub(crate) peers: Option<Arc<crate::peer_blobs::PeerBlobs>>,
 }
 
 impl Blob {
@@ -93,6 +95,25 @@ impl Blob {
             lower: Default::default(),
             early: Default::default(),
             region: Default::default(),
+            peers: None,
+        }
+    }
+
+    /// Fetches the blob's bytes through `peers`, when given.
+    pub fn with_peers(mut self, peers: Option<Arc<crate::peer_blobs::PeerBlobs>>) -> Blob {
+        self.peers = peers;
+        self
+    }
+
+    /// Bytes `range` of the blob as they arrive: through the peer tier when the node has one,
+    /// else from the registry.
+    pub(crate) async fn range_stream(
+        &self,
+        range: std::ops::Range<u64>,
+    ) -> Result<crate::registry::range_stream::RangeStream, crate::registry::RegistryError> {
+        match &self.peers {
+            Some(p) => Ok(p.range_stream(&self.registry, &self.image, &self.digest, self.size, range)),
+            None => self.registry.blob_range_stream(&self.image, &self.digest, range).await,
         }
     }
 

@@ -450,8 +450,11 @@ impl Lazy {
         let ahead = (self.opts.memory_budget / 4) as usize;
         let ask =
             |end| EarlyPrefetch::start(self.registry.clone(), src.image.clone(), src.digest.clone(), 0..end, ahead);
-        let mut early = match (fresh, src.prefetch_end) {
-            (Fresh::Yes, Some(end)) => Some(ask(end)),
+        // Through the peer tier, nothing is asked for before this node has read the TOC from
+        // the registry with its own logins: its peers never give it a layer it could not pull.
+        let early_ok = fresh == Fresh::Yes && !self.opts.peers.as_ref().is_some_and(|p| p.shares(&src.image));
+        let mut early = match (early_ok, src.prefetch_end) {
+            (true, Some(end)) => Some(ask(end)),
             _ => None,
         };
         // Without a region, the image's program is fetched once the layer is mounted: its
@@ -469,7 +472,7 @@ impl Lazy {
                 // Without the descriptor's word, the start-up files are asked for as soon as
                 // the TOC, while it streams in, names where they end: on a second connection,
                 // opened now so that the request does not wait for a handshake.
-                let scan = fresh == Fresh::Yes && early.is_none();
+                let scan = early_ok && early.is_none();
                 if scan {
                     // A layer without a region has its image's program, runc's user files
                     // and an interpreter's start-up files asked for side by side once it is
@@ -496,7 +499,7 @@ impl Lazy {
         // say where they end; the fill takes them if the parse agrees. The TOC's word beats the
         // descriptor's: a request for another range is replaced (and stopped as it is dropped).
         // A layer mounted again after a restart most likely has them cached already.
-        if fresh == Fresh::Yes
+        if early_ok
             && let Some(end) = checked.landmark_hint
             && early.as_ref().is_none_or(|e| e.range.end != end)
         {
@@ -505,7 +508,7 @@ impl Lazy {
         // Without a region, the image's program is asked for while the TOC is parsed, where
         // its entries seem to place its chunks; the parse takes the requests it agrees with.
         let early_program = match &programs {
-            Some(programs) if fresh == Fresh::Yes && checked.landmark_hint.is_none() && early.is_none() => {
+            Some(programs) if early_ok && checked.landmark_hint.is_none() && early.is_none() => {
                 let (programs, json, data_end) = (programs.clone(), checked.json.clone(), member.footer.data_end);
                 let (registry, image, digest) = (self.registry.clone(), src.image.clone(), src.digest.clone());
                 Some(Asking(tokio::spawn(async move {

@@ -20,6 +20,7 @@ pub mod loader;
 pub mod model;
 pub mod overlay;
 pub mod peek;
+pub mod peer_blobs;
 pub mod proto;
 pub mod readaround;
 pub mod record;

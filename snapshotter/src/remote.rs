@@ -67,6 +67,8 @@ pub struct RemoteOptions {
     pub metrics: strata_tiering::metrics::Metrics,
     /// The layers open on the node, by image: where a program's libraries are looked for.
     pub layers: Arc<crate::loader::Layers>,
+    /// The peer tier for layers' bytes, when the node has one.
+    pub peers: Option<Arc<crate::peer_blobs::PeerBlobs>>,
 }
 
 impl Default for RemoteOptions {
@@ -85,6 +87,7 @@ impl Default for RemoteOptions {
             fetch_program: true,
             metrics: Default::default(),
             layers: Default::default(),
+            peers: None,
         }
     }
 }
@@ -266,7 +269,8 @@ pub async fn namespace(
         Blob::new(registry, image.clone(), digest.to_owned(), member.size)
             .with_metrics(opts.metrics.clone())
             .with_activity(opts.activity.clone())
-            .with_layers(opts.layers.clone()),
+            .with_layers(opts.layers.clone())
+            .with_peers(opts.peers.clone().filter(|p| p.shares(image))),
     );
     let data_end = member.footer.data_end;
     let built = tokio::task::spawn_blocking(move || {

@@ -16,6 +16,7 @@ pub mod kube;
 pub mod mount;
 pub mod netns;
 pub mod node;
+pub mod peer_node;
 pub mod s3;
 pub mod tree;
 #[allow(unused_imports)]

@@ -34,11 +34,19 @@ pub enum AgentError {
 }
 
 /// A started agent; [`Agent::run`] serves until the shutdown future completes.
-#[derive(Debug)]
 pub struct Agent {
     pub config: Config,
     pub cache: TieredCache,
     pub source: ObjectSource,
+    /// Origins besides the cold store that the peer port fetches from, by path prefix: the
+    /// snapshotter's registry for image layers.
+    peer_origins: Vec<(String, std::sync::Arc<dyn crate::peer::server::Origin>)>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent").field("config", &self.config).finish_non_exhaustive()
+    }
 }
 
 impl Agent {
@@ -59,7 +67,16 @@ impl Agent {
             Ok(()) => info!(cold = source.describe(), "cold store reachable"),
             Err(e) => warn!(error = %e, "cold store not reachable at start-up; serving cached chunks only until it is"),
         }
-        Ok(Agent { config, cache, source })
+        Ok(Agent { config, cache, source, peer_origins: Vec::new() })
+    }
+
+    /// Has the peer port fetch chunks whose paths start with `prefix` from `origin`.
+    pub fn add_peer_origin(
+        &mut self,
+        prefix: impl Into<String>,
+        origin: std::sync::Arc<dyn crate::peer::server::Origin>,
+    ) {
+        self.peer_origins.push((prefix.into(), origin));
     }
 
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), AgentError> {
@@ -141,7 +158,10 @@ impl Agent {
         let state = ServeState {
             secret: crate::peer::auth::PeerSecret::from_file(&p.secret_file)?,
             cache: self.cache.clone(),
-            origin: std::sync::Arc::new(self.source.clone()),
+            origin: std::sync::Arc::new(crate::peer::server::Origins {
+                by_prefix: self.peer_origins.clone(),
+                default: std::sync::Arc::new(self.source.clone()),
+            }),
             metrics: tier.metrics_handle(),
             hot: crate::peer::hot::HotChunks::new(p.hot_fanout),
             not_shared: std::sync::Arc::new(p.not_shared.clone()),

@@ -184,6 +184,62 @@ impl RangeStream {
     }
 }
 
+impl RangeStream {
+    /// Bytes `range` of a blob as `pieces` gives them, in order (from the peer tier rather than
+    /// the registry: `source` says where, for errors), read at most `ahead` bytes ahead of
+    /// [`RangeStream::next`]. Pieces that add up to more or less than the range are an error.
+    pub fn from_pieces(
+        source: String,
+        range: Range<u64>,
+        pieces: impl futures::Stream<Item = Result<Bytes, RegistryError>> + Send + 'static,
+        ahead: usize,
+    ) -> RangeStream {
+        use futures::StreamExt;
+        let ahead = ahead.clamp(1, u32::MAX as usize);
+        let room = Arc::new(Semaphore::new(ahead));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (space, want, url) = (room.clone(), range.end - range.start, source.clone());
+        let task = tokio::spawn(async move {
+            let mut pieces = std::pin::pin!(pieces);
+            let mut got = 0u64;
+            loop {
+                let item = match pieces.next().await {
+                    Some(Ok(piece)) if got + piece.len() as u64 > want => Err(RegistryError::Range {
+                        url: url.clone(),
+                        start: range.start,
+                        end: range.end,
+                        got: format!("more than {want} bytes"),
+                    }),
+                    Some(Ok(piece)) => {
+                        got += piece.len() as u64;
+                        Ok(Some(piece))
+                    }
+                    Some(Err(e)) => Err(e),
+                    None if got == want => Ok(None),
+                    None => Err(RegistryError::Range {
+                        url: url.clone(),
+                        start: range.start,
+                        end: range.end,
+                        got: format!("{got} bytes"),
+                    }),
+                };
+                let (last, held) = match &item {
+                    Ok(Some(piece)) => (false, piece.len().min(ahead)),
+                    _ => (true, 0),
+                };
+                match space.acquire_many(held as u32).await {
+                    Ok(permit) => permit.forget(),
+                    Err(_) => return,
+                }
+                if tx.send((item, held)).is_err() || last {
+                    return;
+                }
+            }
+        });
+        RangeStream { body: Body::Ahead { rx, room, _reader: Reader(task) }, url: source, range, got: 0, resume: None }
+    }
+}
+
 /// All of a range, held in memory: it is only ever as long as was asked for.
 pub(super) async fn collect(stream: RangeStream) -> Result<Bytes, RegistryError> {
     collect_seen(stream, |_| {}).await

@@ -50,6 +50,27 @@ impl Origin for ObjectSource {
     }
 }
 
+/// Origins by the paths of their chunks: a chunk whose path starts with one of the prefixes
+/// is fetched from that origin, and any other from the default (the node's cold store).
+pub struct Origins {
+    pub by_prefix: Vec<(String, Arc<dyn Origin>)>,
+    pub default: Arc<dyn Origin>,
+}
+
+impl std::fmt::Debug for Origins {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let prefixes: Vec<&str> = self.by_prefix.iter().map(|(p, _)| p.as_str()).collect();
+        f.debug_struct("Origins").field("by_prefix", &prefixes).finish_non_exhaustive()
+    }
+}
+
+impl Origin for Origins {
+    fn fetcher(&self, req: &ChunkRequest) -> Result<Arc<dyn Fetcher>, String> {
+        let found = self.by_prefix.iter().find(|(prefix, _)| req.key.path.starts_with(prefix.as_str()));
+        found.map_or(&self.default, |(_, o)| o).fetcher(req)
+    }
+}
+
 /// What the peer port serves from.
 #[derive(Clone)]
 pub struct ServeState {

@@ -1,0 +1,87 @@
+//! A node of a test cluster that starts lazy images: a `strata daemon` in a network namespace of
+//! its own, serving the snapshotter and the peer tier, with a containerd of its own (in the
+//! host's namespaces, dialling the daemon's socket) and a `hosts.toml` that sends the test
+//! registry's host to a relay on the bridge.
+
+use super::containerd::{Containerd, registry};
+use super::netns::Net;
+use super::{BIN, Daemon};
+
+pub const PEER_PORT: u16 = 7470;
+
+pub struct ImageNode {
+    pub daemon: Daemon,
+    pub containerd: Containerd,
+    _dir: tempfile::TempDir,
+}
+
+impl ImageNode {
+    /// Node `i` of `n`, reaching the registry at `registry_via`, with the cluster's secret at
+    /// `secret`.
+    pub fn start(i: usize, n: usize, net: &Net, secret: &std::path::Path, registry_via: &str) -> ImageNode {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("admin.sock");
+        let config = dir.path().join("config.toml");
+        let snapshotter = dir.path().join("snapshotter.sock");
+        // The image's host is the registry's loopback address; this node reaches it at the relay.
+        let hosts = dir.path().join("hosts").join(registry());
+        std::fs::create_dir_all(&hosts).unwrap();
+        std::fs::write(hosts.join("hosts.toml"), format!("server = \"http://{registry_via}\"\n")).unwrap();
+        let members: Vec<String> = (0..n).map(|j| format!("\"{}:{PEER_PORT}\"", Net::addr(j))).collect();
+        let text = format!(
+            "state_dir = \"{state}\"\n[admin]\nsocket = \"{sock}\"\n[metrics]\nlisten = \"\"\n\
+             [tiers.hot]\ncapacity = \"4GiB\"\n[tiers.warm]\ncapacity = \"0\"\n\
+             [snapshotter]\nenabled = true\nsocket = \"{snapshotter}\"\nhosts_dir = \"{hosts}\"\n\
+             [peers]\nmembers = [{members}]\nlisten = \"{addr}:{PEER_PORT}\"\nadvertise = \"{addr}:{PEER_PORT}\"\n\
+             secret_file = \"{secret}\"\n",
+            state = dir.path().join("state").display(),
+            sock = socket.display(),
+            snapshotter = snapshotter.display(),
+            hosts = dir.path().join("hosts").display(),
+            members = members.join(", "),
+            addr = Net::addr(i),
+            secret = secret.display(),
+        );
+        std::fs::write(&config, text).unwrap();
+        let own = tempfile::tempdir().unwrap();
+        let daemon = Daemon::with_config_in(dir, config, socket, Some(net.ns(i)));
+        let containerd = Containerd::start(own.path(), &snapshotter);
+        ImageNode { daemon, containerd, _dir: own }
+    }
+
+    /// Pulls `image` lazily and runs `script` with sh in a container of it: what it printed.
+    pub fn start_container(&self, image: &str, name: &str, script: &str) -> String {
+        let out = self.containerd.ctr_remote(&["image", "rpull", "--plain-http", "--snapshotter", "strata", image]);
+        let log = self.daemon.log();
+        assert!(out.status.success(), "rpull {image}: {}\n{log}", String::from_utf8_lossy(&out.stderr));
+        self.containerd.run_captured("strata", image, name, script, &log)
+    }
+
+    /// `strata image layers --json`.
+    pub fn layers(&self) -> Vec<serde_json::Value> {
+        let out = std::process::Command::new(BIN)
+            .args(["image", "layers", "--json", "--socket"])
+            .arg(&self.daemon.socket)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "strata image layers: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// The layer reports once every layer is fetched whole (at most `limit`).
+    pub fn layers_done(&self, limit: std::time::Duration) -> Vec<serde_json::Value> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            let report = self.layers();
+            if !report.is_empty() && report.iter().all(|l| l["background"] == "done") {
+                return report;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the layers were never all fetched: {report:#?}\n{}",
+                self.daemon.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(250));
+        }
+    }
+}
