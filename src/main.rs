@@ -3,6 +3,7 @@
 mod convert_cmd;
 mod convert_record;
 mod image_cmd;
+mod mirror_cmd;
 mod mount_cmd;
 mod snapshotter_cmd;
 mod tier_cmd;
@@ -10,6 +11,8 @@ mod tier_cmd;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
+use std::sync::Arc;
+use strata_snapshotter::peer_blobs::{self, PeerBlobs, RegistryOrigin};
 use strata_tiering::agent::Agent;
 use strata_tiering::config::{self, Config};
 
@@ -120,7 +123,14 @@ async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
     let mut agent = Agent::start(config).await.context("cannot start the strata daemon")?;
     let stop = strata_tiering::services::Stop::default();
     let stopped = || stop.stopped();
-    let snapshots = snapshotter_cmd::start(&mut agent, &stop).await?;
+    let registry = snapshotter_cmd::registry(&agent.config.snapshotter)?;
+    let peer_blobs = agent.source.peers().map(|tier| Arc::new(PeerBlobs::new(agent.cache.clone(), tier.clone())));
+    if peer_blobs.is_some() {
+        // Members ask this node for the blob segments it owns: it fetches them with its logins.
+        agent.add_peer_origin(peer_blobs::PATH_PREFIX, Arc::new(RegistryOrigin { registry: registry.clone() }));
+    }
+    let mirror = mirror_cmd::start(&agent, &registry, peer_blobs.clone(), &stop).await?;
+    let snapshots = snapshotter_cmd::start(&agent, &stop, registry, peer_blobs).await?;
     let mounts = mount_cmd::mount_declared(&agent).await;
     tokio::spawn({
         let stop = stop.clone();
@@ -140,6 +150,9 @@ async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
     };
     let ((), finished) = tokio::join!(mount_cmd::unmount_all(mounts), layers);
     finished?;
+    if let Some(m) = mirror {
+        m.await?.context("the registry mirror failed")?;
+    }
     Ok(served?)
 }
 

@@ -4,7 +4,7 @@ use anyhow::Context;
 use std::sync::Arc;
 use strata_snapshotter::image_proxy;
 use strata_snapshotter::lazy::Lazy;
-use strata_snapshotter::peer_blobs::{self, PeerBlobs, RegistryOrigin};
+use strata_snapshotter::peer_blobs::PeerBlobs;
 use strata_snapshotter::registry::Registry;
 use strata_snapshotter::registry::auth::Credentials;
 use strata_snapshotter::registry::hosts::Hosts;
@@ -34,8 +34,20 @@ pub struct Running {
 /// the config asks for it. Failing to open the store or bind the socket stops the daemon from
 /// starting: containerd would otherwise find a plugin that is configured but absent. A remote
 /// layer that cannot be mounted again is reported and does not.
-pub async fn start(agent: &mut Agent, stop: &Stop) -> anyhow::Result<Option<Running>> {
-    let cfg = &agent.config.snapshotter.clone();
+/// The registry client of the node's lazy layers, its mirror and its peer port, with the logins
+/// and hosts.toml of `[snapshotter]`.
+pub fn registry(cfg: &strata_tiering::config::SnapshotterConfig) -> anyhow::Result<Arc<Registry>> {
+    let credentials = Credentials::load(&cfg.docker_config)?;
+    Ok(Arc::new(Registry::new(Hosts::new(Some(&cfg.hosts_dir)), credentials)))
+}
+
+pub async fn start(
+    agent: &Agent,
+    stop: &Stop,
+    registry: Arc<Registry>,
+    peers: Option<Arc<PeerBlobs>>,
+) -> anyhow::Result<Option<Running>> {
+    let cfg = &agent.config.snapshotter;
     if !cfg.enabled {
         return Ok(None);
     }
@@ -48,8 +60,6 @@ pub async fn start(agent: &mut Agent, stop: &Stop) -> anyhow::Result<Option<Runn
     let mut service = SnapshotService::new(snapshotter.clone(), agent.cache.metrics().clone());
     let mut proxy = None;
     let lazy = if cfg.lazy {
-        let credentials = Credentials::load(&cfg.docker_config)?;
-        let registry = Arc::new(Registry::new(Hosts::new(Some(&cfg.hosts_dir)), credentials));
         if let Some(socket) = &cfg.image_service_socket {
             registry.keychain().keep_in(&root.join(CRI_LOGINS_FILE));
             let listener = server::bind(socket).await?;
@@ -73,13 +83,9 @@ pub async fn start(agent: &mut Agent, stop: &Stop) -> anyhow::Result<Option<Runn
             fetch_whole: cfg.fetch_whole,
             fetch_program: cfg.fetch_image_program,
             metrics: agent.cache.metrics().clone(),
-            peers: agent.source.peers().map(|tier| Arc::new(PeerBlobs::new(agent.cache.clone(), tier.clone()))),
+            peers,
             ..RemoteOptions::default()
         };
-        if opts.peers.is_some() {
-            // Members ask this node for the segments it owns: it fetches them with its own logins.
-            agent.add_peer_origin(peer_blobs::PATH_PREFIX, Arc::new(RegistryOrigin { registry: registry.clone() }));
-        }
         let lazy = Arc::new(Lazy::new(registry, agent.cache.clone(), opts));
         // In the background: a registry that is gone must not hold the daemon's start-up, and
         // a container start mounts what it needs itself if it comes first.

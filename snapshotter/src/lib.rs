@@ -17,6 +17,7 @@ pub mod image_proxy;
 pub mod layer;
 pub mod lazy;
 pub mod loader;
+pub mod mirror;
 pub mod model;
 pub mod overlay;
 pub mod peek;

@@ -8,6 +8,7 @@ use super::netns::Net;
 use super::{BIN, Daemon};
 
 pub const PEER_PORT: u16 = 7470;
+pub const METRICS_PORT: u16 = 9464;
 
 pub struct ImageNode {
     pub daemon: Daemon,
@@ -19,21 +20,37 @@ impl ImageNode {
     /// Node `i` of `n`, reaching the registry at `registry_via`, with the cluster's secret at
     /// `secret`.
     pub fn start(i: usize, n: usize, net: &Net, secret: &std::path::Path, registry_via: &str) -> ImageNode {
+        ImageNode::start_with(i, n, net, secret, &[(registry(), registry_via.to_owned())], "")
+    }
+
+    /// As [`ImageNode::start`], reaching each registry `routes` names (its loopback address)
+    /// at its relay, with `extra` at the end of the daemon's config. Its metrics are served at
+    /// [`ImageNode::metrics_text`].
+    pub fn start_with(
+        i: usize,
+        n: usize,
+        net: &Net,
+        secret: &std::path::Path,
+        routes: &[(String, String)],
+        extra: &str,
+    ) -> ImageNode {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("admin.sock");
         let config = dir.path().join("config.toml");
         let snapshotter = dir.path().join("snapshotter.sock");
-        // The image's host is the registry's loopback address; this node reaches it at the relay.
-        let hosts = dir.path().join("hosts").join(registry());
-        std::fs::create_dir_all(&hosts).unwrap();
-        std::fs::write(hosts.join("hosts.toml"), format!("server = \"http://{registry_via}\"\n")).unwrap();
+        // An image's host is its registry's loopback address; this node reaches it at a relay.
+        for (host, via) in routes {
+            let hosts = dir.path().join("hosts").join(host);
+            std::fs::create_dir_all(&hosts).unwrap();
+            std::fs::write(hosts.join("hosts.toml"), format!("server = \"http://{via}\"\n")).unwrap();
+        }
         let members: Vec<String> = (0..n).map(|j| format!("\"{}:{PEER_PORT}\"", Net::addr(j))).collect();
         let text = format!(
-            "state_dir = \"{state}\"\n[admin]\nsocket = \"{sock}\"\n[metrics]\nlisten = \"\"\n\
+            "state_dir = \"{state}\"\n[admin]\nsocket = \"{sock}\"\n[metrics]\nlisten = \"{addr}:{METRICS_PORT}\"\n\
              [tiers.hot]\ncapacity = \"4GiB\"\n[tiers.warm]\ncapacity = \"0\"\n\
              [snapshotter]\nenabled = true\nsocket = \"{snapshotter}\"\nhosts_dir = \"{hosts}\"\n\
              [peers]\nmembers = [{members}]\nlisten = \"{addr}:{PEER_PORT}\"\nadvertise = \"{addr}:{PEER_PORT}\"\n\
-             secret_file = \"{secret}\"\n",
+             secret_file = \"{secret}\"\n{extra}\n",
             state = dir.path().join("state").display(),
             sock = socket.display(),
             snapshotter = snapshotter.display(),
@@ -55,6 +72,22 @@ impl ImageNode {
         let log = self.daemon.log();
         assert!(out.status.success(), "rpull {image}: {}\n{log}", String::from_utf8_lossy(&out.stderr));
         self.containerd.run_captured("strata", image, name, script, &log)
+    }
+
+    /// The daemon's Prometheus metrics, from its address on the bridge.
+    pub fn metrics_text(&self, i: usize) -> String {
+        let url = format!("http://{}:{METRICS_PORT}/metrics", Net::addr(i));
+        let out = std::process::Command::new("curl").args(["-fsS", &url]).output().unwrap();
+        assert!(out.status.success(), "{url}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// The value of counter `name` in the daemon's metrics (0 when absent).
+    pub fn counter(&self, i: usize, name: &str) -> u64 {
+        let text = self.metrics_text(i);
+        let line =
+            text.lines().find(|l| l.starts_with(&format!("{name}_total ")) || l.starts_with(&format!("{name} ")));
+        line.and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).map_or(0, |v| v as u64)
     }
 
     /// `strata image layers --json`.

@@ -38,6 +38,30 @@ pub struct Config {
     /// The peer tier (`[peers]`): none unless the section is there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peers: Option<crate::peer::PeersConfig>,
+    /// The registry mirror (`[mirror]`): none unless the section is there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<MirrorConfig>,
+}
+
+/// `[mirror]`: the registry mirror the daemon serves to containerd, for blobs and manifests
+/// by digest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MirrorConfig {
+    /// Where containerd reaches it: its hosts.toml names `http://<listen>`.
+    #[serde(default = "default_mirror_listen")]
+    pub listen: String,
+    /// How long the registry's word that a client may pull an object is trusted.
+    #[serde(default = "default_access_ttl")]
+    pub access_ttl: Dur,
+}
+
+fn default_mirror_listen() -> String {
+    "127.0.0.1:5050".into()
+}
+
+fn default_access_ttl() -> Dur {
+    Dur(std::time::Duration::from_secs(60))
 }
 
 /// `[snapshotter]`: the containerd snapshotter the daemon serves as a proxy plugin.
@@ -457,6 +481,22 @@ impl Config {
         if let Some(Err((key, message))) = self.peers.as_ref().map(|p| p.validate()) {
             return err(key, message);
         }
+        if let Some(m) = &self.mirror {
+            let Ok(addr) = m.listen.parse::<std::net::SocketAddr>() else {
+                return err("mirror.listen".into(), format!("`{}` is not ip:port", m.listen));
+            };
+            if m.access_ttl.0.is_zero() {
+                return err("mirror.access_ttl".into(), "must be above 0s".into());
+            }
+            let taken = [("the metrics endpoint's", self.metrics.listen.as_str())]
+                .into_iter()
+                .chain(self.peers.as_ref().map(|p| ("the peer port's", p.listen.as_str())));
+            for (whose, other) in taken {
+                if other.parse::<std::net::SocketAddr>().is_ok_and(|o| o.port() == addr.port()) {
+                    return err("mirror.listen".into(), format!("port {} is {whose}", addr.port()));
+                }
+            }
+        }
         if let Some(p) = &self.peers
             && !self.metrics.listen.is_empty()
             && p.listen_port() == self.metrics.listen.parse::<std::net::SocketAddr>().map_or(0, |a| a.port())
@@ -607,6 +647,26 @@ mod tests {
         assert_eq!(c.cold.kind, crate::source::ColdKind::Local);
         assert_eq!(c.cold_default_dir(), PathBuf::from("/var/lib/strata/cold"));
         assert_eq!(c.admin.socket, PathBuf::from(DEFAULT_SOCKET));
+    }
+
+    #[test]
+    fn the_mirror_section_turns_the_mirror_on_and_its_mistakes_are_named() {
+        assert!(Config::from_toml("").unwrap().mirror.is_none(), "no section, no mirror");
+        let m = Config::from_toml("[mirror]\n").unwrap().mirror.unwrap();
+        assert_eq!((m.listen.as_str(), m.access_ttl.0), ("127.0.0.1:5050", std::time::Duration::from_secs(60)));
+        for (toml, key, why) in [
+            ("[mirror]\nlisten = \"5050\"\n", "mirror.listen", "`5050` is not ip:port"),
+            ("[mirror]\naccess_ttl = \"0s\"\n", "mirror.access_ttl", "must be above 0s"),
+            (
+                "[metrics]\nlisten = \"127.0.0.1:5050\"\n[mirror]\n",
+                "mirror.listen",
+                "port 5050 is the metrics endpoint's",
+            ),
+            ("[mirror]\nport = 1\n", "mirror.port", "unknown field `port`"),
+        ] {
+            let e = Config::from_toml(toml).unwrap_err();
+            assert!(e.key == key && e.message.starts_with(why), "{toml:?}: {e}");
+        }
     }
 
     #[test]

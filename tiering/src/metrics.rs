@@ -129,6 +129,12 @@ pub struct Metrics {
     pub cri_pulls: Family<CriPullLabel, Counter>,
     /// All evictions, whatever the tier and reason; for status output.
     pub evicted_chunks: Counter,
+    /// Blob bytes the registry mirror served from the peer tier (and this node's cache).
+    pub mirror_peer_bytes: Counter,
+    /// Bytes the registry mirror passed on from the registry as it sent them.
+    pub mirror_upstream_bytes: Counter,
+    /// Mirror requests the registry refused the client, answered with its refusal.
+    pub mirror_refused: Counter,
 }
 
 /// Latency histogram from 1 ms to about 65 s.
@@ -230,6 +236,21 @@ impl Metrics {
             EARLY_CHUNKS,
             "Chunks of lazy layers (the image's program's) fetched by a request made while the layer's TOC was still being parsed",
             self.early_chunks.clone(),
+        );
+        r.register(
+            "strata_mirror_peer_bytes",
+            "Blob bytes the registry mirror served from the peer tier",
+            self.mirror_peer_bytes.clone(),
+        );
+        r.register(
+            "strata_mirror_upstream_bytes",
+            "Bytes the registry mirror passed on from the registry",
+            self.mirror_upstream_bytes.clone(),
+        );
+        r.register(
+            "strata_mirror_refused",
+            "Registry mirror requests the registry refused the client, answered with its refusal",
+            self.mirror_refused.clone(),
         );
         r.register(
             CRI_PULLS,

@@ -93,12 +93,12 @@ pub enum Need {
 /// everything: connections, tokens, logins.
 #[derive(Debug, Clone)]
 pub struct Registry {
-    inner: Arc<Inner>,
+    pub(super) inner: Arc<Inner>,
 }
 
 #[derive(Debug)]
-struct Inner {
-    hosts: Hosts,
+pub(super) struct Inner {
+    pub(super) hosts: Hosts,
     /// Read again when its file changes, at the next challenge.
     credentials: Mutex<Credentials>,
     /// Logins kubelet passed with CRI pulls, which win over `credentials`, as in containerd.
@@ -113,6 +113,9 @@ struct Inner {
     /// Endpoints that failed for a passing reason, by base, and until when they are asked
     /// after the others.
     down: Mutex<HashMap<String, Instant>>,
+    /// Origins (`scheme://host:port`) never asked: this node's own registry mirror, which a
+    /// hosts.toml shared with containerd names, and which would otherwise ask itself.
+    pub(super) skip: Mutex<Vec<String>>,
 }
 
 /// The logins to try for one host, each found only when the ones before it were refused: a
@@ -189,8 +192,19 @@ impl Registry {
                 clients: Mutex::new(clients),
                 auth: Mutex::new(HashMap::new()),
                 down: Mutex::new(HashMap::new()),
+                skip: Mutex::default(),
             }),
         }
+    }
+
+    /// Never asks the endpoint at `origin` (`scheme://host:port`): this node's own mirror.
+    pub fn skip_origin(&self, origin: impl Into<String>) {
+        self.inner.skip.lock().unwrap_or_else(|p| p.into_inner()).push(origin.into());
+    }
+
+    pub(super) fn skips(&self, ep: &Endpoint) -> bool {
+        let o = origin(&ep.base);
+        self.inner.skip.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|s| s == o)
     }
 
     /// Where the image service proxy keeps the logins of CRI pulls for this client.
@@ -221,7 +235,7 @@ impl Registry {
 
     /// The client for `ep`'s TLS settings. Its CA files are read when first needed, so a bad
     /// one fails the reads of that host with the file's name, not the whole daemon.
-    fn client_for(&self, ep: &Endpoint) -> Result<reqwest::Client, RegistryError> {
+    pub(super) fn client_for(&self, ep: &Endpoint) -> Result<reqwest::Client, RegistryError> {
         // The files' times are part of the key: a certificate renewed in place (cert-manager,
         // a CA rotated) is read again, as containerd reads them at each pull.
         let files = ep.ca.iter().chain(ep.client.iter().flat_map(|(c, k)| std::iter::once(c).chain(k)));
@@ -612,6 +626,7 @@ impl Registry {
             .hosts
             .endpoints(&image.host)?
             .into_iter()
+            .filter(|e| !self.skips(e))
             .filter(|e| match need {
                 Need::Pull => e.pull,
                 Need::Resolve => e.resolve,
@@ -881,7 +896,7 @@ pub fn decode_manifest(image: &ImageRef, body: &[u8], digest: String) -> Result<
 }
 
 /// The scheme and authority of an endpoint's base URL (`https://host:port`), without its path.
-fn origin(base: &str) -> &str {
+pub(super) fn origin(base: &str) -> &str {
     let origin_end = base.find("://").map(|i| i + 3).unwrap_or(0);
     base[origin_end..].find('/').map_or(base, |i| &base[..origin_end + i])
 }

@@ -7,6 +7,7 @@ pub mod client;
 pub mod helper;
 pub mod hosts;
 pub mod keychain;
+pub mod passthrough;
 pub mod push;
 pub mod range_stream;
 pub mod reference;

@@ -69,11 +69,48 @@ pub struct PeerClient {
     secret: PeerSecret,
     timeouts: Timeouts,
     conns: Mutex<HashMap<String, SendRequest<Empty<Bytes>>>>,
+    answers: Mutex<AnswerTimes>,
+}
+
+/// How long members take to answer, smoothed as TCP's retransmission timer smooths round trips
+/// (RFC 6298). On nodes whose cores are saturated, a live member answers late, and a fixed
+/// timeout would fail it over to the origin; the first-byte timeout stretches to four
+/// deviations above the mean, and at most to [`MAX_STRETCH`] times the configured one.
+#[derive(Debug, Default)]
+struct AnswerTimes {
+    mean: f64,
+    deviation: f64,
+    seen: bool,
+}
+
+/// The most the first-byte timeout stretches, in multiples of the configured one.
+const MAX_STRETCH: u32 = 8;
+
+impl AnswerTimes {
+    fn record(&mut self, took: Duration) {
+        let t = took.as_secs_f64();
+        if self.seen {
+            self.deviation = 0.75 * self.deviation + 0.25 * (self.mean - t).abs();
+            self.mean = 0.875 * self.mean + 0.125 * t;
+        } else {
+            (self.mean, self.deviation, self.seen) = (t, t / 2.0, true);
+        }
+    }
+
+    fn timeout(&self, configured: Duration) -> Duration {
+        let wanted = Duration::from_secs_f64(self.mean + 4.0 * self.deviation);
+        wanted.clamp(configured, configured * MAX_STRETCH)
+    }
 }
 
 impl PeerClient {
     pub fn new(secret: PeerSecret, timeouts: Timeouts) -> PeerClient {
-        PeerClient { secret, timeouts, conns: Mutex::new(HashMap::new()) }
+        PeerClient { secret, timeouts, conns: Mutex::new(HashMap::new()), answers: Mutex::default() }
+    }
+
+    /// The first-byte timeout now: the configured one, stretched while members answer slowly.
+    pub fn first_byte_timeout(&self) -> Duration {
+        self.answers.lock().unwrap_or_else(|p| p.into_inner()).timeout(self.timeouts.first_byte)
     }
 
     async fn connection(&self, member: &str) -> Result<SendRequest<Empty<Bytes>>, PeerError> {
@@ -134,10 +171,13 @@ impl PeerClient {
             .header(AUTH_HEADER, self.secret.sign("GET", &pq, now_secs()))
             .body(Empty::new())
             .map_err(|e| transport(&e))?;
-        let answer = tokio::time::timeout(self.timeouts.first_byte, send.send_request(request))
+        let first_byte = self.first_byte_timeout();
+        let asked = std::time::Instant::now();
+        let answer = tokio::time::timeout(first_byte, send.send_request(request))
             .await
-            .map_err(|_| timeout(self.timeouts.first_byte))?
+            .map_err(|_| timeout(first_byte))?
             .map_err(|e| transport(&e))?;
+        self.answers.lock().unwrap_or_else(|p| p.into_inner()).record(asked.elapsed());
         let (parts, mut body) = answer.into_parts();
         if parts.status == hyper::StatusCode::TEMPORARY_REDIRECT
             && let Some(to) = parts.headers.get(HOLDER_HEADER).and_then(|v| v.to_str().ok())
@@ -179,6 +219,31 @@ impl PeerClient {
         let crc = trailer(CRC_TRAILER).and_then(|v| u32::from_str_radix(v, 16).ok());
         check(member, req, &data, crc)?;
         Ok(data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_byte_timeout_follows_slow_answers_within_its_bounds() {
+        let configured = Duration::from_millis(250);
+        let mut t = AnswerTimes::default();
+        assert_eq!(t.timeout(configured), configured, "nothing seen yet");
+        for _ in 0..50 {
+            t.record(Duration::from_millis(2));
+        }
+        assert_eq!(t.timeout(configured), configured, "fast answers never shorten it");
+        for ms in [300, 500, 200, 600, 400, 450, 350, 500] {
+            t.record(Duration::from_millis(ms));
+        }
+        let stretched = t.timeout(configured);
+        assert!(stretched > Duration::from_millis(600) && stretched <= configured * MAX_STRETCH, "{stretched:?}");
+        for _ in 0..10 {
+            t.record(Duration::from_secs(30));
+        }
+        assert_eq!(t.timeout(configured), configured * MAX_STRETCH, "and never past its cap");
     }
 }
 
