@@ -14,7 +14,9 @@
 //! each with a containerd of its own, against the test registry behind a shaped link of its
 //! own (origin bytes: what the daemons fetched from it until every layer was whole on every
 //! node; time: until every container printed its line); (d) every node restores the same
-//! checkpoint (8 files, read at once). Writes the table to `target/cluster.md` too.
+//! checkpoint (8 files, read at once); (m) every node pulls the same plain image onto overlayfs
+//! through its own registry mirror (`[mirror]`), and runs it. Writes the table to
+//! `target/cluster.md` too.
 
 #[path = "../tests/common/mod.rs"]
 #[allow(unused_imports)]
@@ -43,6 +45,9 @@ const REGISTRY_VIA: &str = "198.18.0.1:5001";
 /// The image of workload (c), and what its containers run.
 const IMAGE: &str = "strata/python:esgz-opt";
 const IMAGE_SCRIPT: &str = "python3 -c 'print(1)'";
+/// The plain image of workload (m), which containerd pulls whole.
+const PLAIN_IMAGE: (&str, &str) = ("strata/python", "1");
+const MIRROR_PORT: u16 = 5050;
 
 fn env_or<T: std::str::FromStr>(k: &str, default: T) -> T {
     std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -243,6 +248,74 @@ fn images(s: &Setup, net: &Net, n: usize) -> Row {
     Row { workload: "c", n, unique, origin, secs, peer_ratio }
 }
 
+/// Workload (m) on `n` fresh nodes: every node's containerd pulls [`PLAIN_IMAGE`] onto
+/// overlayfs with its node's mirror in its hosts.toml, and runs it.
+fn mirrored(s: &Setup, net: &Net, n: usize) -> Row {
+    let (repo, tag) = PLAIN_IMAGE;
+    let image = format!("{}/{repo}:{tag}", registry());
+    let routes = [(registry(), REGISTRY_VIA.to_owned())];
+    let nodes: Vec<ImageNode> = (0..n)
+        .map(|i| {
+            let mirror = format!("[mirror]\nlisten = \"{}:{MIRROR_PORT}\"\n", Net::addr(i));
+            ImageNode::start_with(i, n, net, &s.secret, &routes, &mirror)
+        })
+        .collect();
+    let hosts = tempfile::tempdir().unwrap();
+    let before = s.registry_sent.load(Ordering::Relaxed);
+    let start = Instant::now();
+    std::thread::scope(|sc| {
+        for (i, node) in nodes.iter().enumerate() {
+            let d = hosts.path().join(format!("node-{i}"));
+            let upstream = d.join(registry());
+            std::fs::create_dir_all(&upstream).unwrap();
+            let toml = format!(
+                "server = \"http://{}\"\n[host.\"http://{}:{MIRROR_PORT}\"]\n  capabilities = [\"pull\"]\n",
+                registry(),
+                Net::addr(i)
+            );
+            std::fs::write(upstream.join("hosts.toml"), toml).unwrap();
+            let image = &image;
+            sc.spawn(move || {
+                let dir = d.display().to_string();
+                let out = node.containerd.ctr(&["images", "pull", "--hosts-dir", &dir, image]);
+                assert!(out.status.success(), "pull on node {i}: {}", String::from_utf8_lossy(&out.stderr));
+                let said = node.containerd.run_captured(
+                    "overlayfs",
+                    image,
+                    &format!("m-{i}"),
+                    IMAGE_SCRIPT,
+                    &node.daemon.log(),
+                );
+                assert_eq!(said, "1\n", "node {i}'s container");
+            });
+        }
+    });
+    let secs = start.elapsed().as_secs_f64();
+    let origin = s.registry_sent.load(Ordering::Relaxed) - before;
+    let unique = image_bytes(repo, tag);
+    let peer_ratio = (n > 1).then(|| {
+        let per_node: Vec<f64> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| node.counter(i, "strata_peer_received_bytes") as f64 * 8.0 / secs / s.veth_bits)
+            .collect();
+        per_node.iter().sum::<f64>() / per_node.len() as f64
+    });
+    eprintln!("cluster: (m) N={n}: {secs:.1} s to every pull and run, origin {origin} B of {unique} unique");
+    Row { workload: "m", n, unique, origin, secs, peer_ratio }
+}
+
+/// The bytes of `repo:tag`'s blobs (its config and layers), from its manifest.
+fn image_bytes(repo: &str, tag: &str) -> u64 {
+    let url = format!("http://{}/v2/{repo}/manifests/{tag}", registry());
+    let accept =
+        "Accept: application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json";
+    let out = Command::new("curl").args(["-fsS", "-H", accept, &url]).output().unwrap();
+    let m: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let layers = m["layers"].as_array().unwrap().iter();
+    std::iter::once(&m["config"]).chain(layers).map(|l| l["size"].as_u64().unwrap()).sum()
+}
+
 fn put_files(s: &Setup, prefix: &str, name: &str, count: usize, size: usize, seed: u64) -> Vec<File> {
     let store = s.rgw.store();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -320,6 +393,7 @@ fn main() {
             share(i).chain(if n > 1 { Some(share(i + 1)) } else { None }.into_iter().flatten()).collect()
         }));
         rows.push(images(&s, &net, n));
+        rows.push(mirrored(&s, &net, n));
         rows.push(run(&s, &net, "d", n, &d, |_, _| (0..CHECKPOINT_FILES).collect()));
     }
     let faults = faults(

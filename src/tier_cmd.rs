@@ -256,8 +256,8 @@ fn print_status(s: &StatusReport) {
             p.refused
         );
         println!(
-            "hot-chunk askers sent on {}, redirects followed {}; stalled transfers resumed {}",
-            p.redirects, p.redirected, p.resumed
+            "hot-chunk askers sent on {}, redirects followed {}; stalled transfers resumed {}; listings from owners {}, served {}",
+            p.redirects, p.redirected, p.resumed, p.listings_received, p.listings_served
         );
     }
 }

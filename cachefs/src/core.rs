@@ -463,10 +463,13 @@ impl FsCore {
             if dir.node.kind != NodeKind::Dir {
                 return Err(FsError::NotDir);
             }
-            let mut nodes = self.ns.read_dir(&dir.path).await.map_err(|source| FsError::List {
-                dir: if dir.path.is_empty() { "/".into() } else { dir.path.clone() },
-                source,
-            })?;
+            // A listing a peer made for the cluster counts as made when it was, not now.
+            let (mut nodes, age) =
+                self.ns.read_dir_aged(&dir.path, self.opts.metadata_ttl).await.map_err(|source| FsError::List {
+                    dir: if dir.path.is_empty() { "/".into() } else { dir.path.clone() },
+                    source,
+                })?;
+            let listed_at = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
             {
                 // Files being written and new directories exist here before the store has them.
                 let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
@@ -495,7 +498,7 @@ impl FsCore {
                 self.listings
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .insert(ino, Listing { at: Instant::now(), entries: entries.clone() });
+                    .insert(ino, Listing { at: listed_at, entries: entries.clone() });
             }
             return Ok(entries);
         }

@@ -90,6 +90,18 @@ pub trait Namespace: Send + Sync + 'static {
     /// The entries of the directory at `dir` (relative, "" for the root).
     fn read_dir(&self, dir: &str) -> BoxFuture<'static, Result<Vec<Node>, NsError>>;
 
+    /// As [`Namespace::read_dir`], listed at most `max_age` ago (`None`: any age), with how
+    /// long ago the listing was made: one that a peer made for the cluster is older than this
+    /// call, and the caller's cache expires it that much sooner.
+    fn read_dir_aged(
+        &self,
+        dir: &str,
+        _max_age: Option<std::time::Duration>,
+    ) -> BoxFuture<'static, Result<(Vec<Node>, std::time::Duration), NsError>> {
+        let listing = self.read_dir(dir);
+        Box::pin(async move { Ok((listing.await?, std::time::Duration::ZERO)) })
+    }
+
     /// The entry at `path` (relative, not the root), or `None` if there is none. The default
     /// reads the parent directory; namespaces that can ask about one name do better.
     fn stat(&self, path: &str) -> BoxFuture<'static, Result<Option<Node>, NsError>> {

@@ -76,10 +76,19 @@ impl Namespace for ObjectNamespace {
     }
 
     fn read_dir(&self, dir: &str) -> BoxFuture<'static, Result<Vec<Node>, NsError>> {
+        let listing = self.read_dir_aged(dir, Some(std::time::Duration::ZERO));
+        async move { Ok(listing.await?.0) }.boxed()
+    }
+
+    fn read_dir_aged(
+        &self,
+        dir: &str,
+        max_age: Option<std::time::Duration>,
+    ) -> BoxFuture<'static, Result<(Vec<Node>, std::time::Duration), NsError>> {
         let source = self.source.clone();
         let dir = self.key(dir);
         async move {
-            let (dirs, objects) = source.list_dir(&dir).await?;
+            let (dirs, objects, age) = source.list_dir_aged(&dir, max_age).await?;
             let mut out: Vec<Node> = dirs
                 .into_iter()
                 .map(|name| Node {
@@ -106,7 +115,7 @@ impl Namespace for ObjectNamespace {
                     posix: None,
                 });
             }
-            Ok(out)
+            Ok((out, age))
         }
         .boxed()
     }

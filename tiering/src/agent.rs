@@ -165,6 +165,7 @@ impl Agent {
             metrics: tier.metrics_handle(),
             hot: crate::peer::hot::HotChunks::new(p.hot_fanout),
             not_shared: std::sync::Arc::new(p.not_shared.clone()),
+            listings: Some((self.source.clone(), self.source.listings())),
         };
         info!(listen = %p.listen, members = tier.members().len(), "serving peers");
         Ok(tokio::spawn(serve(listener, state, stop)))

@@ -136,6 +136,9 @@ pub enum SourceError {
     CopyParts { to: String, message: String },
     #[error("local file {path}: {source}")]
     Local { path: String, source: std::io::Error },
+    /// A listing that failed for every node waiting on it: the first one's error, as text.
+    #[error("listing {dir}: {message}")]
+    Listing { dir: String, message: String },
 }
 
 /// An error with the causes its message leaves out: `object_store` says "error sending
@@ -212,6 +215,8 @@ pub struct ObjectSource {
     requests: RequestCounts,
     /// The peer tier, asked before the store on a miss when the node has members.
     peers: Option<Arc<crate::peer::PeerTier>>,
+    /// The listings this node made as their directories' owner in the peer tier.
+    listings: Arc<crate::peer::meta::MetaCache>,
 }
 
 impl ObjectSource {
@@ -354,6 +359,7 @@ impl ObjectSource {
             parts,
             requests,
             peers: None,
+            listings: Arc::default(),
         })
     }
 
@@ -366,6 +372,11 @@ impl ObjectSource {
 
     pub fn peers(&self) -> Option<&Arc<crate::peer::PeerTier>> {
         self.peers.as_ref()
+    }
+
+    /// The listings this node made as their directories' owner, shared with its peer port.
+    pub fn listings(&self) -> Arc<crate::peer::meta::MetaCache> {
+        self.listings.clone()
     }
 
     /// The HTTP requests sent to the store so far, by method and outcome (none for a local
@@ -796,5 +807,6 @@ async fn read_full(f: &mut tokio::fs::File, buf: &mut [u8]) -> std::io::Result<u
     Ok(n)
 }
 
+mod cluster_listing;
 #[cfg(test)]
 mod written_tests;

@@ -50,6 +50,11 @@ pub struct PeersStatus {
     /// Stalled transfers resumed at their offset from another member.
     #[serde(default)]
     pub resumed: u64,
+    /// Directory listings got from their owners, and served to members as their owner.
+    #[serde(default)]
+    pub listings_received: u64,
+    #[serde(default)]
+    pub listings_served: u64,
     pub errors: u64,
     pub timeouts: u64,
     pub corrupt: u64,

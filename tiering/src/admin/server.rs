@@ -129,6 +129,8 @@ fn peers_status(t: &crate::peer::PeerTier) -> crate::admin::api::PeersStatus {
         redirects: m.redirects.get(),
         redirected: m.redirected.get(),
         resumed: m.resumed.get(),
+        listings_received: m.listings_received.get(),
+        listings_served: m.listings_served.get(),
         errors: m.peer_errors.get(),
         timeouts: m.peer_timeouts.get(),
         corrupt: m.peer_corrupt.get(),

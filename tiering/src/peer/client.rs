@@ -6,6 +6,7 @@
 //! before a byte of it is handed on.
 
 use super::auth::{AUTH_HEADER, PeerSecret, now_secs};
+use super::meta::{MetaAnswer, MetaRequest};
 use super::wire::{CRC_TRAILER, ChunkRequest, ERROR_TRAILER, HOLDER_HEADER, STATUS_TRAILER};
 use crate::chunkfile::crc32c;
 use crate::{ChunkKey, Identity};
@@ -219,6 +220,56 @@ impl PeerClient {
         let crc = trailer(CRC_TRAILER).and_then(|v| u32::from_str_radix(v, 16).ok());
         check(member, req, &data, crc)?;
         Ok(data)
+    }
+}
+
+impl PeerClient {
+    /// Directory listing `req` from `member`, its owner. The owner answers at once and lists
+    /// afterwards, as it fetches chunks; the listing must come within the fetch timeout.
+    pub async fn get_listing(&self, member: &str, req: &MetaRequest) -> Result<MetaAnswer, PeerError> {
+        let result = self.try_get_listing(member, req).await;
+        if result.as_ref().is_err_and(|e| e.blames_member()) {
+            self.drop_connection(member);
+        }
+        result
+    }
+
+    async fn try_get_listing(&self, member: &str, req: &MetaRequest) -> Result<MetaAnswer, PeerError> {
+        let transport =
+            |e: &dyn std::fmt::Display| PeerError::Transport { member: member.to_owned(), reason: e.to_string() };
+        let timeout = |after| PeerError::Timeout { member: member.to_owned(), after };
+        let mut send = self.connection(member).await?;
+        let pq = req.path_and_query();
+        let request = hyper::Request::get(format!("http://{member}{pq}"))
+            .header(AUTH_HEADER, self.secret.sign("GET", &pq, now_secs()))
+            .body(Empty::new())
+            .map_err(|e| transport(&e))?;
+        let first_byte = self.first_byte_timeout();
+        let asked = std::time::Instant::now();
+        let answer = tokio::time::timeout(first_byte, send.send_request(request))
+            .await
+            .map_err(|_| timeout(first_byte))?
+            .map_err(|e| transport(&e))?;
+        self.answers.lock().unwrap_or_else(|p| p.into_inner()).record(asked.elapsed());
+        let (parts, body) = answer.into_parts();
+        let collected = tokio::time::timeout(self.timeouts.fetch, body.collect())
+            .await
+            .map_err(|_| timeout(self.timeouts.fetch))?
+            .map_err(|e| transport(&e))?;
+        let trailers = collected.trailers().cloned();
+        let bytes = collected.to_bytes();
+        let status = trailers
+            .as_ref()
+            .and_then(|t| t.get(STATUS_TRAILER)?.to_str().ok()?.parse::<u16>().ok())
+            .or((!parts.status.is_success()).then_some(parts.status.as_u16()));
+        if let Some(status) = status {
+            let from_trailer = trailers.as_ref().and_then(|t| t.get(ERROR_TRAILER)?.to_str().ok().map(str::to_owned));
+            let message =
+                from_trailer.unwrap_or_else(|| String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned());
+            return Err(PeerError::Status { member: member.to_owned(), status, message });
+        }
+        serde_json::from_slice(&bytes)
+            .map_err(|e| PeerError::Corrupt { member: member.to_owned(), reason: format!("not a listing: {e}") })
     }
 }
 

@@ -8,6 +8,7 @@
 use super::PeerMetrics;
 use super::client::{PeerClient, PeerError};
 use super::members::Membership;
+use super::meta::{Listed, MetaRequest};
 use super::wire::{Ask, ChunkRequest};
 use crate::{ChunkKey, FetchError, Fetcher, Identity, PathPattern};
 use bytes::Bytes;
@@ -226,6 +227,48 @@ impl PeerTier {
         self.client.get_chunk(owner, &ChunkRequest { ask: Ask::Direct, ..req.clone() }, have).await
     }
 
+    /// Where directory listing `req` comes from: its owner's answer, this node as the owner,
+    /// or the store itself when every member tried failed (counted and logged once a run, as
+    /// chunks are).
+    pub async fn ask_listing(&self, req: &MetaRequest) -> ListingFrom {
+        let members = self.membership.current();
+        if members.is_empty() {
+            return ListingFrom::Origin;
+        }
+        let mut tried = 0;
+        for m in members.rank(&MetaRequest::placement(&req.dir)) {
+            if self.is_self(&m.name) {
+                return ListingFrom::Owner;
+            }
+            if self.is_suspect(&m.name) {
+                continue;
+            }
+            if tried == self.failover.tries {
+                break;
+            }
+            tried += 1;
+            match self.client.get_listing(&m.name, req).await {
+                Ok(answer) => {
+                    self.metrics.listings_received.inc();
+                    return ListingFrom::Peer(Listed::from_answer(answer));
+                }
+                Err(e) => {
+                    self.failed(&m.name, &e);
+                    if e.is_origin_failure() {
+                        warn!(dir = %req.dir, error = %e, "the owner's listing failed; listing the store");
+                        break;
+                    }
+                    warn!(dir = %req.dir, error = %e, "peer failed a listing; trying the next choice");
+                }
+            }
+        }
+        self.metrics.origin_fallbacks.inc();
+        if !self.falling_back.swap(true, Ordering::Relaxed) {
+            warn!(dir = %req.dir, tried, "no peer could list a directory; listing the store until one can");
+        }
+        ListingFrom::Origin
+    }
+
     /// Counts a failed request to `member`, and marks the member suspect if it is to blame.
     fn failed(&self, member: &str, e: &PeerError) {
         self.metrics.peer_errors.inc();
@@ -242,6 +285,16 @@ impl PeerTier {
             self.mark_suspect(member);
         }
     }
+}
+
+/// Where a directory's listing comes from.
+#[derive(Debug)]
+pub enum ListingFrom {
+    Peer(Listed),
+    /// This node owns the directory: it lists it through its own [`super::meta::MetaCache`],
+    /// which the members' asks share.
+    Owner,
+    Origin,
 }
 
 struct PeerFetcher {

@@ -11,6 +11,7 @@ pub mod config;
 pub mod fetcher;
 pub mod hot;
 pub mod members;
+pub mod meta;
 pub mod placement;
 pub mod server;
 #[cfg(test)]
@@ -18,7 +19,7 @@ mod tests;
 pub mod wire;
 
 pub use config::PeersConfig;
-pub use fetcher::{FailoverOptions, PeerTier, SelfName};
+pub use fetcher::{FailoverOptions, ListingFrom, PeerTier, SelfName};
 pub use members::{Member, MemberSource, Members, MembersError, Membership};
 pub use placement::{owner_score, rank};
 
@@ -53,6 +54,10 @@ pub struct PeerMetrics {
     pub refused: Counter,
     /// Members suspect here now.
     pub suspects: Gauge,
+    /// Directory listings this node got from their owners.
+    pub listings_received: Counter,
+    /// Directory listings this node served to members as their owner.
+    pub listings_served: Counter,
 }
 
 impl PeerMetrics {
@@ -94,5 +99,15 @@ impl PeerMetrics {
             self.refused.clone(),
         );
         r.register("strata_peer_suspect_members", "Members suspect on this node", self.suspects.clone());
+        r.register(
+            "strata_peer_listings_received",
+            "Directory listings this node got from their owners",
+            self.listings_received.clone(),
+        );
+        r.register(
+            "strata_peer_listings_served",
+            "Directory listings this node served to members as their owner",
+            self.listings_served.clone(),
+        );
     }
 }

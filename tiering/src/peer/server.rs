@@ -6,6 +6,7 @@
 
 use super::auth::{AUTH_HEADER, PeerSecret, now_secs};
 use super::hot::{Admission, HotChunks, SendGuard};
+use super::meta::{META_PATH, MetaCache, MetaRequest};
 use super::wire::{Ask, CHUNK_PATH, CRC_TRAILER, ChunkRequest, ERROR_TRAILER, HOLDER_HEADER, STATUS_TRAILER};
 use crate::chunkfile::crc32c;
 use crate::source::{ObjectInfo, ObjectSource};
@@ -81,6 +82,9 @@ pub struct ServeState {
     pub hot: HotChunks,
     /// Paths whose chunks are never served to peers (`peers.not_shared`).
     pub not_shared: Arc<Vec<PathPattern>>,
+    /// The store whose directories this node lists for members that ask it as their owner,
+    /// and the listings it made as their owner.
+    pub listings: Option<(ObjectSource, Arc<MetaCache>)>,
 }
 
 impl std::fmt::Debug for ServeState {
@@ -90,7 +94,10 @@ impl std::fmt::Debug for ServeState {
 }
 
 pub fn router(state: ServeState) -> axum::Router {
-    axum::Router::new().route(CHUNK_PATH, axum::routing::get(chunk)).with_state(state)
+    axum::Router::new()
+        .route(CHUNK_PATH, axum::routing::get(chunk))
+        .route(META_PATH, axum::routing::get(listing))
+        .with_state(state)
 }
 
 /// Serves the peer port on `listener` until `stop` completes.
@@ -100,6 +107,42 @@ pub async fn serve(
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     axum::serve(listener, router(state)).with_graceful_shutdown(stop).await
+}
+
+/// A directory's listing, for a member that asks this node as the directory's owner. The
+/// answer starts at once, as a chunk's does; the listing, or why it failed, follows.
+async fn listing(State(s): State<ServeState>, uri: Uri, headers: HeaderMap) -> Response {
+    let pq = uri.path_and_query().map(|p| p.as_str()).unwrap_or(META_PATH);
+    let auth = headers.get(AUTH_HEADER).and_then(|v| v.to_str().ok());
+    if let Err(e) = s.secret.verify(auth, "GET", pq, now_secs()) {
+        s.metrics.refused.inc();
+        tracing::warn!(error = %e, "peer request refused");
+        return (StatusCode::UNAUTHORIZED, e.to_string()).into_response();
+    }
+    let req = match MetaRequest::from_query(uri.query().unwrap_or_default()) {
+        Ok(r) => r,
+        Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),
+    };
+    if s.not_shared.iter().any(|p| p.matches(&format!("{}/", req.dir))) {
+        return (StatusCode::NOT_FOUND, "this path is not shared with peers").into_response();
+    }
+    let Some((source, meta)) = s.listings.clone() else {
+        return (StatusCode::NOT_FOUND, "this node lists no store for peers").into_response();
+    };
+    let served = s.metrics.listings_served.clone();
+    let listed = async move {
+        let max_age = std::time::Duration::from_millis(req.max_age_ms);
+        meta.list(&source, &req.dir, max_age).await
+    };
+    let frames = futures::stream::once(listed).flat_map(move |got| match got {
+        Ok(l) => {
+            served.inc();
+            let json = serde_json::to_vec(&l.answer()).expect("a listing serialises");
+            futures::stream::iter([Ok(Frame::data(Bytes::from(json)))]).boxed()
+        }
+        Err(e) => failure(StatusCode::BAD_GATEWAY, &e.to_string()),
+    });
+    (StatusCode::OK, Body::new(StreamBody::new(frames))).into_response()
 }
 
 async fn chunk(State(s): State<ServeState>, uri: Uri, headers: HeaderMap) -> Response {

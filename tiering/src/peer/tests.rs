@@ -160,6 +160,7 @@ async fn cluster_with(
             metrics: metrics.clone(),
             hot: super::hot::HotChunks::new(fanout),
             not_shared: Arc::new(not_shared.to_vec()),
+            listings: None,
         };
         let server = tokio::spawn(serve(listener, state, std::future::pending()));
         let membership =
