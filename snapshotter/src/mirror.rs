@@ -175,7 +175,7 @@ async fn object(State(s): State<MirrorState>, method: Method, uri: Uri, headers:
             }
         }
     }
-    pass_on(&s, &image, &sub, authorization, headers.get(header::RANGE)).await
+    pass_on(&s, &image, &sub, authorization, headers.get(header::RANGE), headers.get(header::ACCEPT)).await
 }
 
 /// What the registry says of the client reading `sub` of `image`: what it granted, remembered
@@ -231,35 +231,40 @@ fn peer_body(
     first: Option<Bytes>,
     stream: crate::registry::range_stream::RangeStream,
 ) -> Body {
+    // When whole, the stream's range is the blob.
+    let extent = stream.range();
     let state = (stream, first, whole.then(Sha256::new), s, image, digest);
-    let pieces = futures::stream::unfold(Some(state), |state| async move {
-        let (mut stream, first, mut hash, s, image, digest) = state?;
-        let next = match first {
-            Some(piece) => Ok(Some(piece)),
-            None => stream.next().await,
-        };
-        match next {
-            Ok(Some(piece)) => {
-                if let Some(h) = hash.as_mut() {
-                    h.update(&piece);
-                }
-                s.metrics.mirror_peer_bytes.inc_by(piece.len() as u64);
-                Some((Ok(piece), Some((stream, None, hash, s, image, digest))))
-            }
-            Ok(None) => {
-                let actual = hash.map(|h| format!("sha256:{}", hex::encode(h.finalize())));
-                match actual {
-                    Some(a) if a != digest => {
-                        tracing::error!(image = %image, blob = %digest, actual = %a, "a blob from the peer tier failed its digest; its segments are dropped");
-                        if let Some(peers) = &s.peers {
-                            peers.forget(&image, &digest, 0..u64::MAX).await;
-                        }
-                        Some((Err(std::io::Error::other("the blob failed its digest")), None))
+    let pieces = futures::stream::unfold(Some(state), move |state| {
+        let extent = extent.clone();
+        async move {
+            let (mut stream, first, mut hash, s, image, digest) = state?;
+            let next = match first {
+                Some(piece) => Ok(Some(piece)),
+                None => stream.next().await,
+            };
+            match next {
+                Ok(Some(piece)) => {
+                    if let Some(h) = hash.as_mut() {
+                        h.update(&piece);
                     }
-                    _ => None,
+                    s.metrics.mirror_peer_bytes.inc_by(piece.len() as u64);
+                    Some((Ok(piece), Some((stream, None, hash, s, image, digest))))
                 }
+                Ok(None) => {
+                    let actual = hash.map(|h| format!("sha256:{}", hex::encode(h.finalize())));
+                    match actual {
+                        Some(a) if a != digest => {
+                            tracing::error!(image = %image, blob = %digest, actual = %a, "a blob from the peer tier failed its digest; its segments are dropped");
+                            if let Some(peers) = &s.peers {
+                                peers.forget(&image, &digest, extent).await;
+                            }
+                            Some((Err(std::io::Error::other("the blob failed its digest")), None))
+                        }
+                        _ => None,
+                    }
+                }
+                Err(e) => Some((Err(std::io::Error::other(e.to_string())), None)),
             }
-            Err(e) => Some((Err(std::io::Error::other(e.to_string())), None)),
         }
     });
     Body::from_stream(pieces)
@@ -293,8 +298,10 @@ async fn pass_on(
     sub: &str,
     authorization: Option<&HeaderValue>,
     range: Option<&HeaderValue>,
+    accept: Option<&HeaderValue>,
 ) -> Response {
-    let resp = match s.registry.pass_on_with(image, sub, Method::GET, authorization, range, None).await {
+    // The client's Accept too: a manifest's bytes, and so its digest, depend on its media type.
+    let resp = match s.registry.pass_on_with(image, sub, Method::GET, authorization, range, accept).await {
         Ok(r) => r,
         Err(e) => return (StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
     };
