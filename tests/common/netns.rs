@@ -17,7 +17,12 @@ pub fn ip(args: &[&str]) {
 pub struct Net {
     tag: String,
     nodes: usize,
+    /// Held while the bridge lives: every Net puts its bridge at 198.18.0.1, so tests run in
+    /// processes side by side (nextest) take turns.
+    _turn: std::fs::File,
 }
+
+const TURN_LOCK: &str = "/run/strata-test-net.lock";
 
 impl Net {
     pub fn bridge(&self) -> String {
@@ -39,8 +44,10 @@ impl Net {
 
     pub fn new(nodes: usize) -> Net {
         assert!(nodes <= 200, "198.18.0.11 and up holds 200 nodes");
+        let turn = std::fs::File::create(TURN_LOCK).unwrap_or_else(|e| panic!("{TURN_LOCK}: {e}"));
+        turn.lock().unwrap_or_else(|e| panic!("locking {TURN_LOCK}: {e}"));
         // Short and unique: interface names are at most 15 bytes.
-        let net = Net { tag: format!("sp{}", std::process::id() % 100_000), nodes };
+        let net = Net { tag: format!("sp{}", std::process::id() % 100_000), nodes, _turn: turn };
         let br = net.bridge();
         let _ = Command::new("ip").args(["link", "del", &br]).output();
         ip(&["link", "add", &br, "type", "bridge"]);

@@ -273,31 +273,6 @@ impl PeerClient {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_first_byte_timeout_follows_slow_answers_within_its_bounds() {
-        let configured = Duration::from_millis(250);
-        let mut t = AnswerTimes::default();
-        assert_eq!(t.timeout(configured), configured, "nothing seen yet");
-        for _ in 0..50 {
-            t.record(Duration::from_millis(2));
-        }
-        assert_eq!(t.timeout(configured), configured, "fast answers never shorten it");
-        for ms in [300, 500, 200, 600, 400, 450, 350, 500] {
-            t.record(Duration::from_millis(ms));
-        }
-        let stretched = t.timeout(configured);
-        assert!(stretched > Duration::from_millis(600) && stretched <= configured * MAX_STRETCH, "{stretched:?}");
-        for _ in 0..10 {
-            t.record(Duration::from_secs(30));
-        }
-        assert_eq!(t.timeout(configured), configured * MAX_STRETCH, "and never past its cap");
-    }
-}
-
 /// What the requester checks, as it does for the origin: a chunk of an object has the length
 /// the object's size gives and the CRC32C the owner computed from the origin's bytes, which
 /// catches what the wire or a member's disk changed; a chunk named by its digest must hash to
@@ -324,4 +299,29 @@ fn check(member: &str, req: &ChunkRequest, data: &[u8], crc: Option<u32>) -> Res
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_byte_timeout_follows_slow_answers_within_its_bounds() {
+        let configured = Duration::from_millis(250);
+        let mut t = AnswerTimes::default();
+        assert_eq!(t.timeout(configured), configured, "nothing seen yet");
+        for _ in 0..50 {
+            t.record(Duration::from_millis(2));
+        }
+        assert_eq!(t.timeout(configured), configured, "fast answers never shorten it");
+        for ms in [300, 500, 200, 600, 400, 450, 350, 500] {
+            t.record(Duration::from_millis(ms));
+        }
+        let stretched = t.timeout(configured);
+        assert!(stretched > Duration::from_millis(600) && stretched <= configured * MAX_STRETCH, "{stretched:?}");
+        for _ in 0..10 {
+            t.record(Duration::from_secs(30));
+        }
+        assert_eq!(t.timeout(configured), configured * MAX_STRETCH, "and never past its cap");
+    }
 }
