@@ -155,18 +155,71 @@ impl RangeStream {
 
     /// Keeps reading this range off the wire in a task of its own, at most `ahead` bytes
     /// beyond what [`RangeStream::next`] has taken.
-    pub fn read_ahead(mut self, ahead: usize) -> RangeStream {
+    pub fn read_ahead(self, ahead: usize) -> RangeStream {
         if !matches!(self.body, Body::Wire(_)) || ahead == 0 {
             return self;
         }
-        let ahead = ahead.min(u32::MAX as usize);
         let (url, range) = (self.url.clone(), self.range.clone());
+        let items = futures::stream::unfold(self, |mut stream| async move {
+            let item = stream.next().await;
+            Some((item, stream))
+        });
+        RangeStream::ahead(url, range, ahead, items)
+    }
+
+    /// Bytes `range` of a blob as `pieces` gives them, in order (from the peer tier rather than
+    /// the registry: `source` says where, for errors), read at most `ahead` bytes ahead of
+    /// [`RangeStream::next`]. Pieces that add up to more or less than the range are an error.
+    pub fn from_pieces(
+        source: String,
+        range: Range<u64>,
+        pieces: impl futures::Stream<Item = Result<Bytes, RegistryError>> + Send + 'static,
+        ahead: usize,
+    ) -> RangeStream {
+        use futures::StreamExt;
+        let (url, want) = (source.clone(), range.end - range.start);
+        let bad = {
+            let range = range.clone();
+            move |got: String| RegistryError::Range { url: url.clone(), start: range.start, end: range.end, got }
+        };
+        let items = futures::stream::unfold((Box::pin(pieces), 0u64), move |(mut pieces, got)| {
+            let bad = bad.clone();
+            async move {
+                let (item, got) = match pieces.next().await {
+                    Some(Ok(piece)) if got + piece.len() as u64 > want => {
+                        (Err(bad(format!("more than {want} bytes"))), got)
+                    }
+                    Some(Ok(piece)) => {
+                        let got = got + piece.len() as u64;
+                        (Ok(Some(piece)), got)
+                    }
+                    Some(Err(e)) => (Err(e), got),
+                    None if got == want => (Ok(None), got),
+                    None => (Err(bad(format!("{got} bytes"))), got),
+                };
+                Some((item, (pieces, got)))
+            }
+        });
+        RangeStream::ahead(source, range, ahead, items)
+    }
+
+    /// A stream of `range` whose `items` a task of its own reads, at most `ahead` bytes beyond
+    /// what [`RangeStream::next`] has taken, until the first that ends it (`Ok(None)` or an
+    /// error).
+    fn ahead(
+        url: String,
+        range: Range<u64>,
+        ahead: usize,
+        items: impl futures::Stream<Item = Result<Option<Bytes>, RegistryError>> + Send + 'static,
+    ) -> RangeStream {
+        use futures::StreamExt;
+        let ahead = ahead.clamp(1, u32::MAX as usize);
         let room = Arc::new(Semaphore::new(ahead));
         let (tx, rx) = mpsc::unbounded_channel();
         let space = room.clone();
         let task = tokio::spawn(async move {
-            loop {
-                let item = self.next().await;
+            let mut items = std::pin::pin!(items);
+            while let Some(item) = items.next().await {
                 let (last, held) = match &item {
                     Ok(Some(piece)) => (false, piece.len().min(ahead)),
                     _ => (true, 0),
@@ -181,62 +234,6 @@ impl RangeStream {
             }
         });
         RangeStream { body: Body::Ahead { rx, room, _reader: Reader(task) }, url, range, got: 0, resume: None }
-    }
-}
-
-impl RangeStream {
-    /// Bytes `range` of a blob as `pieces` gives them, in order (from the peer tier rather than
-    /// the registry: `source` says where, for errors), read at most `ahead` bytes ahead of
-    /// [`RangeStream::next`]. Pieces that add up to more or less than the range are an error.
-    pub fn from_pieces(
-        source: String,
-        range: Range<u64>,
-        pieces: impl futures::Stream<Item = Result<Bytes, RegistryError>> + Send + 'static,
-        ahead: usize,
-    ) -> RangeStream {
-        use futures::StreamExt;
-        let ahead = ahead.clamp(1, u32::MAX as usize);
-        let room = Arc::new(Semaphore::new(ahead));
-        let (tx, rx) = mpsc::unbounded_channel();
-        let (space, want, url) = (room.clone(), range.end - range.start, source.clone());
-        let task = tokio::spawn(async move {
-            let mut pieces = std::pin::pin!(pieces);
-            let mut got = 0u64;
-            loop {
-                let item = match pieces.next().await {
-                    Some(Ok(piece)) if got + piece.len() as u64 > want => Err(RegistryError::Range {
-                        url: url.clone(),
-                        start: range.start,
-                        end: range.end,
-                        got: format!("more than {want} bytes"),
-                    }),
-                    Some(Ok(piece)) => {
-                        got += piece.len() as u64;
-                        Ok(Some(piece))
-                    }
-                    Some(Err(e)) => Err(e),
-                    None if got == want => Ok(None),
-                    None => Err(RegistryError::Range {
-                        url: url.clone(),
-                        start: range.start,
-                        end: range.end,
-                        got: format!("{got} bytes"),
-                    }),
-                };
-                let (last, held) = match &item {
-                    Ok(Some(piece)) => (false, piece.len().min(ahead)),
-                    _ => (true, 0),
-                };
-                match space.acquire_many(held as u32).await {
-                    Ok(permit) => permit.forget(),
-                    Err(_) => return,
-                }
-                if tx.send((item, held)).is_err() || last {
-                    return;
-                }
-            }
-        });
-        RangeStream { body: Body::Ahead { rx, room, _reader: Reader(task) }, url: source, range, got: 0, resume: None }
     }
 }
 

@@ -151,6 +151,26 @@ impl PeerClient {
         self.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(member);
     }
 
+    /// `GET pq` of `member`, signed, once its answer's headers are in: within the first-byte
+    /// timeout, whose smoothing the wait feeds.
+    async fn ask(&self, member: &str, pq: &str) -> Result<hyper::Response<hyper::body::Incoming>, PeerError> {
+        let transport =
+            |e: &dyn std::fmt::Display| PeerError::Transport { member: member.to_owned(), reason: e.to_string() };
+        let mut send = self.connection(member).await?;
+        let request = hyper::Request::get(format!("http://{member}{pq}"))
+            .header(AUTH_HEADER, self.secret.sign("GET", pq, now_secs()))
+            .body(Empty::new())
+            .map_err(|e| transport(&e))?;
+        let first_byte = self.first_byte_timeout();
+        let asked = std::time::Instant::now();
+        let answer = tokio::time::timeout(first_byte, send.send_request(request))
+            .await
+            .map_err(|_| PeerError::Timeout { member: member.to_owned(), after: first_byte })?
+            .map_err(|e| transport(&e))?;
+        self.answers.lock().unwrap_or_else(|p| p.into_inner()).record(asked.elapsed());
+        Ok(answer)
+    }
+
     /// Chunk `req` from `member`, checked. `have` holds the bytes before `req.start`, from a
     /// transfer that stalled; the answer is the whole chunk.
     pub async fn get_chunk(&self, member: &str, req: &ChunkRequest, have: &Bytes) -> Result<Bytes, PeerError> {
@@ -166,19 +186,7 @@ impl PeerClient {
         let transport =
             |e: &dyn std::fmt::Display| PeerError::Transport { member: member.to_owned(), reason: e.to_string() };
         let timeout = |after| PeerError::Timeout { member: member.to_owned(), after };
-        let mut send = self.connection(member).await?;
-        let pq = req.path_and_query();
-        let request = hyper::Request::get(format!("http://{member}{pq}"))
-            .header(AUTH_HEADER, self.secret.sign("GET", &pq, now_secs()))
-            .body(Empty::new())
-            .map_err(|e| transport(&e))?;
-        let first_byte = self.first_byte_timeout();
-        let asked = std::time::Instant::now();
-        let answer = tokio::time::timeout(first_byte, send.send_request(request))
-            .await
-            .map_err(|_| timeout(first_byte))?
-            .map_err(|e| transport(&e))?;
-        self.answers.lock().unwrap_or_else(|p| p.into_inner()).record(asked.elapsed());
+        let answer = self.ask(member, &req.path_and_query()).await?;
         let (parts, mut body) = answer.into_parts();
         if parts.status == hyper::StatusCode::TEMPORARY_REDIRECT
             && let Some(to) = parts.headers.get(HOLDER_HEADER).and_then(|v| v.to_str().ok())
@@ -238,19 +246,7 @@ impl PeerClient {
         let transport =
             |e: &dyn std::fmt::Display| PeerError::Transport { member: member.to_owned(), reason: e.to_string() };
         let timeout = |after| PeerError::Timeout { member: member.to_owned(), after };
-        let mut send = self.connection(member).await?;
-        let pq = req.path_and_query();
-        let request = hyper::Request::get(format!("http://{member}{pq}"))
-            .header(AUTH_HEADER, self.secret.sign("GET", &pq, now_secs()))
-            .body(Empty::new())
-            .map_err(|e| transport(&e))?;
-        let first_byte = self.first_byte_timeout();
-        let asked = std::time::Instant::now();
-        let answer = tokio::time::timeout(first_byte, send.send_request(request))
-            .await
-            .map_err(|_| timeout(first_byte))?
-            .map_err(|e| transport(&e))?;
-        self.answers.lock().unwrap_or_else(|p| p.into_inner()).record(asked.elapsed());
+        let answer = self.ask(member, &req.path_and_query()).await?;
         let (parts, body) = answer.into_parts();
         let collected = tokio::time::timeout(self.timeouts.fetch, body.collect())
             .await

@@ -109,15 +109,21 @@ pub async fn serve(
     axum::serve(listener, router(state)).with_graceful_shutdown(stop).await
 }
 
+/// The refusal to send, unless the request is signed with the cluster's secret.
+fn unsigned(s: &ServeState, uri: &Uri, headers: &HeaderMap) -> Option<Response> {
+    let pq = uri.path_and_query().map(|p| p.as_str()).unwrap_or(uri.path());
+    let auth = headers.get(AUTH_HEADER).and_then(|v| v.to_str().ok());
+    let e = s.secret.verify(auth, "GET", pq, now_secs()).err()?;
+    s.metrics.refused.inc();
+    tracing::warn!(error = %e, "peer request refused");
+    Some((StatusCode::UNAUTHORIZED, e.to_string()).into_response())
+}
+
 /// A directory's listing, for a member that asks this node as the directory's owner. The
 /// answer starts at once, as a chunk's does; the listing, or why it failed, follows.
 async fn listing(State(s): State<ServeState>, uri: Uri, headers: HeaderMap) -> Response {
-    let pq = uri.path_and_query().map(|p| p.as_str()).unwrap_or(META_PATH);
-    let auth = headers.get(AUTH_HEADER).and_then(|v| v.to_str().ok());
-    if let Err(e) = s.secret.verify(auth, "GET", pq, now_secs()) {
-        s.metrics.refused.inc();
-        tracing::warn!(error = %e, "peer request refused");
-        return (StatusCode::UNAUTHORIZED, e.to_string()).into_response();
+    if let Some(refused) = unsigned(&s, &uri, &headers) {
+        return refused;
     }
     let req = match MetaRequest::from_query(uri.query().unwrap_or_default()) {
         Ok(r) => r,
@@ -146,12 +152,8 @@ async fn listing(State(s): State<ServeState>, uri: Uri, headers: HeaderMap) -> R
 }
 
 async fn chunk(State(s): State<ServeState>, uri: Uri, headers: HeaderMap) -> Response {
-    let pq = uri.path_and_query().map(|p| p.as_str()).unwrap_or(CHUNK_PATH);
-    let auth = headers.get(AUTH_HEADER).and_then(|v| v.to_str().ok());
-    if let Err(e) = s.secret.verify(auth, "GET", pq, now_secs()) {
-        s.metrics.refused.inc();
-        tracing::warn!(error = %e, "peer request refused");
-        return (StatusCode::UNAUTHORIZED, e.to_string()).into_response();
+    if let Some(refused) = unsigned(&s, &uri, &headers) {
+        return refused;
     }
     let req = match ChunkRequest::from_query(uri.query().unwrap_or_default()) {
         Ok(r) => r,
