@@ -73,17 +73,24 @@ fn three_nodes_start_one_lazy_image_at_once_and_the_registry_serves_its_layers_a
     });
     assert!(sums[0].len() > 64 && sums.iter().all(|s| *s == sums[0]), "{sums:?}");
 
-    // The registry served each layer's bytes about once for the three nodes: each node reads
-    // its TOC itself, and the rest came through the peer tier. Without it, each node would
-    // have fetched every layer whole: three times its size.
+    // The registry served each layer's bytes about once for the three nodes, its TOC
+    // included: each segment of it was asked for once, by its owner. Without the peer tier,
+    // each node would have fetched every layer whole: three times its size.
     for l in &reports[0] {
         let digest = l["layer"].as_str().unwrap();
         let size = l["blob_size"].as_u64().unwrap();
-        let served: u64 = ranged_answers(mark, digest).iter().sum();
+        let answers = ranged_answers(mark, digest);
+        let served: u64 = answers.iter().sum();
+        let segments = size.div_ceil(strata_snapshotter::peer_blobs::SEGMENT) as usize;
         eprintln!("layer {digest}: the registry served {served} bytes of {size} to {NODES} nodes");
         assert!(
-            served as f64 <= 1.25 * size as f64,
+            served as f64 <= 1.1 * size as f64,
             "the registry served {served} bytes of layer {digest} ({size} bytes) to three nodes"
+        );
+        assert!(
+            answers.len() <= segments,
+            "{} ranged reads of layer {digest} for three nodes, of {segments} segments: a TOC was read by more than one",
+            answers.len()
         );
     }
     let peers: Vec<serde_json::Value> = nodes.iter().map(|n| n.daemon.status()["peers"].clone()).collect();

@@ -1,9 +1,10 @@
-//! Directory listings through the peer tier: three `strata daemon`s in network namespaces of
-//! their own on a Linux bridge, each mounting the same prefix of the real Ceph RGW that
-//! `.ci/run` starts (through a relay on the bridge). What a job start on many nodes counts on:
-//! every node sees the whole tree, and RGW lists each directory once for the cluster, as its own
-//! log shows; a listing is never trusted past the mount's TTL, so a new object shows on every
-//! node once it is over; and a dead directory owner is survived with correct listings.
+//! Metadata through the peer tier: three `strata daemon`s in network namespaces of their own on
+//! a Linux bridge, each mounting the same prefixes of the real Ceph RGW that `.ci/run` starts
+//! (through a relay on the bridge). What a job start on many nodes counts on: every node sees
+//! the whole tree, and RGW lists each directory once for the cluster, HEADs each key looked up
+//! by name once, and lists a snapshotted prefix once, as its own log shows; a listing is never
+//! trusted past the mount's TTL, so a new object shows on every node once it is over; and a
+//! dead directory owner is survived with correct listings.
 
 mod common;
 
@@ -14,7 +15,7 @@ use object_store::ObjectStoreExt;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use strata_tiering::peer::meta::MetaRequest;
+use strata_tiering::peer::meta::{MetaKind, MetaRequest};
 use strata_tiering::peer::{Member, rank};
 
 const NODES: usize = 3;
@@ -25,13 +26,37 @@ const DIRS: [&str; 3] = ["a", "b", "c"];
 struct MountNode {
     daemon: Daemon,
     mnt: PathBuf,
-    _mnt_dir: tempfile::TempDir,
+    mnt_dir: tempfile::TempDir,
 }
 
+impl MountNode {
+    /// Where mount `name` of [`node_with`] is.
+    fn at(&self, name: &str) -> PathBuf {
+        self.mnt_dir.path().join(name)
+    }
+}
+
+/// A node with one mount of `prefix`, at `mnt`.
 fn node(i: usize, net: &Net, rgw: &Rgw, secret: &Path, prefix: &str, rgw_via: &str) -> MountNode {
+    let extra = format!("metadata_ttl = \"{}s\"\n", TTL.as_secs());
+    node_with(i, net, rgw, secret, rgw_via, &[("data", prefix, &extra)])
+}
+
+/// A node with read-only mounts `(name, prefix, extra settings)`, each at [`MountNode::at`].
+fn node_with(i: usize, net: &Net, rgw: &Rgw, secret: &Path, rgw_via: &str, mounts: &[(&str, &str, &str)]) -> MountNode {
     let dir = tempfile::tempdir().unwrap();
     let mnt_dir = tempfile::tempdir().unwrap();
-    let mnt = mnt_dir.path().join("data");
+    let mnt = mnt_dir.path().join(mounts[0].0);
+    let sections: String = mounts
+        .iter()
+        .map(|(name, prefix, extra)| {
+            format!(
+                "[[mounts]]\npath = \"{}\"\nprefix = \"{}\"\nread_only = true\n{extra}",
+                mnt_dir.path().join(name).display(),
+                prefix.trim_end_matches('/')
+            )
+        })
+        .collect();
     let socket = dir.path().join("admin.sock");
     let config = dir.path().join("config.toml");
     let members: Vec<String> = (0..NODES).map(|j| format!("\"{}:{PEER_PORT}\"", Net::addr(j))).collect();
@@ -41,26 +66,25 @@ fn node(i: usize, net: &Net, rgw: &Rgw, secret: &Path, prefix: &str, rgw_via: &s
          [cold]\nkind = \"s3\"\nbucket = \"{bucket}\"\nendpoint = \"http://{rgw_via}\"\nregion = \"us-east-1\"\n\
          allow_http = true\n\
          [peers]\nmembers = [{members}]\nlisten = \"{addr}:{PEER_PORT}\"\nadvertise = \"{addr}:{PEER_PORT}\"\n\
-         secret_file = \"{secret}\"\nconnect_timeout = \"200ms\"\nsuspect_for = \"1s\"\n\
-         [[mounts]]\npath = \"{mnt}\"\nprefix = \"{prefix}\"\nread_only = true\nmetadata_ttl = \"{ttl}s\"\n",
+         secret_file = \"{secret}\"\nconnect_timeout = \"200ms\"\nsuspect_for = \"1s\"\n{sections}",
         state = dir.path().join("state").display(),
         sock = socket.display(),
         bucket = rgw.bucket,
         members = members.join(", "),
         addr = Net::addr(i),
         secret = secret.display(),
-        mnt = mnt.display(),
-        prefix = prefix.trim_end_matches('/'),
-        ttl = TTL.as_secs(),
     );
     std::fs::write(&config, text).unwrap();
     let daemon = Daemon::with_config_in(dir, config, socket, Some(net.ns(i)));
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !mounted(&mnt) {
-        assert!(std::time::Instant::now() < deadline, "node {i} never mounted {}\n{}", mnt.display(), daemon.log());
-        std::thread::sleep(Duration::from_millis(100));
+    for (name, _, _) in mounts {
+        let mnt = mnt_dir.path().join(name);
+        while !mounted(&mnt) {
+            assert!(std::time::Instant::now() < deadline, "node {i} never mounted {}\n{}", mnt.display(), daemon.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
-    MountNode { daemon, mnt, _mnt_dir: mnt_dir }
+    MountNode { daemon, mnt, mnt_dir }
 }
 
 /// Every file under `root`, with its size, as `find` and `stat` see them.
@@ -90,16 +114,35 @@ fn walk_everywhere(nodes: &[&MountNode], want: &BTreeMap<String, u64>) {
     });
 }
 
-/// The delimited LISTs RGW answered for directory `dir/` (a key prefix), from its log.
-fn lists_of(rgw: &Rgw, dir: &str) -> usize {
+/// The requests RGW answered, as `METHOD /path?query`, from its log.
+fn rgw_requests() -> Vec<String> {
     let log = std::fs::read_to_string(std::env::var("STRATA_TEST_RGW_LOG").unwrap()).unwrap();
-    let encoded = dir.replace('/', "%2F");
     log.lines()
         .filter(|l| l.contains(" beast: "))
-        .filter_map(|l| l.split('"').nth(1))
+        .filter_map(|l| Some(l.split('"').nth(1)?.split(' ').take(2).collect::<Vec<_>>().join(" ")))
+        .collect()
+}
+
+/// The LISTs RGW answered for key prefix `prefix`: delimited (one directory level) or not
+/// (a whole tree).
+fn lists(rgw: &Rgw, prefix: &str, delimited: bool) -> usize {
+    let encoded = prefix.replace('/', "%2F");
+    rgw_requests()
+        .iter()
         .filter(|r| r.starts_with(&format!("GET /{}?", rgw.bucket)) || r.starts_with(&format!("GET /{}/?", rgw.bucket)))
-        .filter(|r| r.contains("delimiter=") && r.split(['&', '?', ' ']).any(|p| p == format!("prefix={encoded}")))
+        .filter(|r| r.contains("delimiter=") == delimited)
+        .filter(|r| r.split(['&', '?', ' ']).any(|p| p == format!("prefix={encoded}")))
         .count()
+}
+
+/// The delimited LISTs RGW answered for directory `dir/` (a key prefix).
+fn lists_of(rgw: &Rgw, dir: &str) -> usize {
+    lists(rgw, dir, true)
+}
+
+/// The HEADs RGW answered for `key`.
+fn heads_of(rgw: &Rgw, key: &str) -> usize {
+    rgw_requests().iter().filter(|r| **r == format!("HEAD /{}/{key}", rgw.bucket)).count()
 }
 
 #[test]
@@ -161,7 +204,7 @@ fn three_nodes_list_each_directory_once_for_the_cluster_within_the_ttl_and_survi
     let members: Vec<Member> =
         (0..NODES).map(|j| Member { name: format!("{}:{PEER_PORT}", Net::addr(j)), weight: 1.0 }).collect();
     let b = format!("{}b", prefix);
-    let owner = rank(&MetaRequest::placement(&b), &members)[0].name.clone();
+    let owner = rank(&MetaRequest::list(&b, Duration::ZERO).placement(), &members)[0].name.clone();
     let dead = (0..NODES).find(|&j| members[j].name == owner).unwrap();
     let before = lists_of(&rgw, &format!("{b}/"));
     nodes[dead].daemon.kill9();
@@ -172,5 +215,87 @@ fn three_nodes_list_each_directory_once_for_the_cluster_within_the_ttl_and_survi
     std::thread::sleep(Duration::from_millis(500));
     let after = lists_of(&rgw, &format!("{b}/"));
     assert_eq!(after - before, 1, "b/ was listed {} times by two nodes with its owner dead", after - before);
+    delete_under(&rgw, &prefix);
+}
+
+#[test]
+#[ignore = "needs root, network namespaces, FUSE and Ceph RGW: run by .ci/run"]
+fn three_nodes_head_each_key_and_snapshot_each_prefix_once_for_the_cluster() {
+    let rgw = Rgw::from_env();
+    let net = Net::new(NODES);
+    let host = rgw.endpoint.trim_start_matches("http://").to_owned();
+    // A relay port of its own: the other test's relay may still listen in this process.
+    let port = host.rsplit(':').next().unwrap().parse::<u16>().unwrap() + 1;
+    let rgw_via = format!("198.18.0.1:{port}");
+    relay(&rgw_via, host, Back::delay(Duration::from_millis(20)));
+    for i in 0..NODES {
+        net.wait_reaches(i, &rgw_via);
+    }
+    let prefix = unique_prefix("meta-head");
+    let (named, snapped) = (format!("{prefix}named/"), format!("{prefix}snapped/"));
+    let store = rgw.store();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut want = BTreeMap::new();
+    for f in 0..20 {
+        for under in [&named, &snapped] {
+            let key = format!("{under}d{}/file-{f:02}", f % 2);
+            rt.block_on(store.put(&object_store::path::Path::from(key.as_str()), data(f as u64, 50 + f).into()))
+                .unwrap();
+        }
+        want.insert(format!("d{}/file-{f:02}", f % 2), (50 + f) as u64);
+    }
+    let shared = tempfile::tempdir().unwrap();
+    let secret = shared.path().join("peer-secret");
+    std::fs::write(&secret, format!("{}\n", sha(b"this cluster's peer secret"))).unwrap();
+    let ttl = format!("metadata_ttl = \"{}s\"\n", TTL.as_secs());
+    let mounts = [("named", named.as_str(), ttl.as_str()), ("snapped", snapped.as_str(), "snapshot = true\n")];
+    let start = |i| node_with(i, &net, &rgw, &secret, &rgw_via, &mounts);
+    let mut nodes: Vec<MountNode> = (0..NODES).map(start).collect();
+    std::thread::sleep(TTL + Duration::from_millis(500));
+
+    // Every node looks up each file by its name, as a loader that reads an index does, and
+    // one name that is not there: RGW answers one HEAD for each key, for the three nodes.
+    let keys: Vec<String> = want.keys().cloned().chain(["d0/missing".to_string()]).collect();
+    let before: Vec<usize> = keys.iter().map(|k| heads_of(&rgw, &format!("{named}{k}"))).collect();
+    std::thread::scope(|s| {
+        for n in &nodes {
+            let (keys, want) = (&keys, &want);
+            s.spawn(move || {
+                for k in keys {
+                    match (std::fs::metadata(n.at("named").join(k)), want.get(k)) {
+                        (Ok(m), Some(&len)) => assert_eq!(m.len(), len, "{k}"),
+                        (Err(e), None) => assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{k}"),
+                        (got, want) => panic!("{k}: {got:?}, where {want:?} was wanted\n{}", n.daemon.log()),
+                    }
+                }
+            });
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    for (k, before) in keys.iter().zip(before) {
+        let heads = heads_of(&rgw, &format!("{named}{k}")) - before;
+        assert_eq!(heads, 1, "{k} was HEAD'ed {heads} times for three nodes");
+    }
+
+    // Two nodes come back with empty state dirs: their mounts take the snapshot from the
+    // prefix's owner, and RGW lists the prefix no more; what they show is the whole tree.
+    let members: Vec<Member> =
+        (0..NODES).map(|j| Member { name: format!("{}:{PEER_PORT}", Net::addr(j)), weight: 1.0 }).collect();
+    let tree = MetaRequest { kind: MetaKind::Tree, path: snapped.clone(), max_age_ms: 0, max_missing_age_ms: None };
+    let owner = rank(&tree.placement(), &members)[0].name.clone();
+    let listed = lists(&rgw, &snapped, false);
+    for j in (0..NODES).filter(|&j| members[j].name != owner) {
+        nodes[j].daemon.kill9();
+        for name in ["named", "snapped"] {
+            let _ = std::process::Command::new("umount").args(["-l"]).arg(nodes[j].at(name)).status();
+        }
+        nodes[j] = start(j);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(lists(&rgw, &snapped, false), listed, "a node listed a snapshotted prefix its owner had");
+    for n in &nodes {
+        assert_eq!(walk(&n.at("snapped")), want, "as a snapshot shows it\n{}", n.daemon.log());
+    }
+    assert!(lists(&rgw, &snapped, false) >= 1, "the owner never listed the prefix for its snapshot");
     delete_under(&rgw, &prefix);
 }

@@ -64,11 +64,19 @@ fn blobs(repo: &str, tag: &str) -> Vec<(String, u64)> {
 
 /// The digest of the manifest `repo:tag` at the test registry.
 fn manifest_digest(repo: &str, tag: &str) -> String {
+    manifest_digest_and_size(repo, tag).0
+}
+
+/// The digest and size of the manifest `repo:tag` at the test registry.
+fn manifest_digest_and_size(repo: &str, tag: &str) -> (String, u64) {
     let url = format!("http://{}/v2/{repo}/manifests/{tag}", registry());
     let out = std::process::Command::new("curl").args(["-fsSI", "-H", ACCEPT, &url]).output().unwrap();
     let head = String::from_utf8(out.stdout).unwrap();
-    let line = head.lines().find(|l| l.to_ascii_lowercase().starts_with("docker-content-digest:")).unwrap();
-    line.split_once(':').unwrap().1.trim().to_owned()
+    let header = |name: &str| {
+        let line = head.lines().find(|l| l.to_ascii_lowercase().starts_with(name)).unwrap();
+        line.split_once(':').unwrap().1.trim().to_owned()
+    };
+    (header("docker-content-digest:"), header("content-length:").parse().unwrap())
 }
 
 /// The bytes the registry sent of blob `digest` since `mark`, whole (200) or in ranges (206).
@@ -130,9 +138,16 @@ fn three_nodes_pull_one_image_through_their_mirrors_and_the_registry_serves_each
         eprintln!("layer {digest}: the registry sent {sent} bytes of {size} to {NODES} nodes");
         assert!(sent as f64 <= 1.25 * *size as f64, "the registry sent {sent} bytes of {digest} ({size} bytes)");
     }
-    let total: u64 = blobs.iter().map(|(_, s)| s).sum();
+    // The manifest, by digest, came from the registry once for the three nodes too.
+    let (manifest, manifest_size) = manifest_digest_and_size("strata/busybox", "1");
+    let gets = registry_log()[mark..]
+        .lines()
+        .filter(|l| l.contains("\"GET /v2/strata/busybox/manifests/") && l.contains(&format!("/{manifest} ")))
+        .count();
+    assert_eq!(gets, 1, "the registry was asked for manifest {manifest} {gets} times for three nodes");
+    let total: u64 = blobs.iter().map(|(_, s)| s).sum::<u64>() + manifest_size;
     let from_peers: u64 = (0..NODES).map(|i| nodes[i].counter(i, "strata_mirror_peer_bytes")).sum();
-    assert_eq!(from_peers, NODES as u64 * total, "every node's mirror served every blob from the peer tier");
+    assert_eq!(from_peers, NODES as u64 * total, "every node's mirror served the manifest and every blob from peers");
 }
 
 #[test]

@@ -92,10 +92,12 @@ struct Inodes {
     /// For each directory a change touched, the count at its last change: only answers about
     /// that directory are asked for again, so a checkpoint written in one directory does not
     /// make a long listing of another start over.
-    changed: HashMap<String, u64>,
+    changed: HashMap<String, (u64, Instant)>,
     /// The count when `changed` was last emptied, to bound it: an answer asked for before
     /// then counts as raced, whatever its directory.
     changed_floor: u64,
+    /// When `changed` was last emptied.
+    changed_floor_at: Option<Instant>,
 }
 
 impl Inodes {
@@ -124,19 +126,27 @@ impl Inodes {
     /// Counts a change of the tree touching `paths`: the directory of each changed now.
     fn touch(&mut self, paths: &[&str]) {
         self.changes += 1;
+        let now = Instant::now();
         if self.changed.len() > MAX_CHANGED_DIRS {
             self.changed.clear();
             self.changed_floor = self.changes;
+            self.changed_floor_at = Some(now);
         }
         for p in paths {
             let parent = p.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
-            self.changed.insert(parent.to_owned(), self.changes);
+            self.changed.insert(parent.to_owned(), (self.changes, now));
         }
     }
 
     /// Whether the directory `dir` changed here after the count was `seen`.
     fn changed_since(&self, dir: &str, seen: u64) -> bool {
-        seen < self.changed_floor || self.changed.get(dir).is_some_and(|&at| at > seen)
+        seen < self.changed_floor || self.changed.get(dir).is_some_and(|&(at, _)| at > seen)
+    }
+
+    /// How long ago this mount last changed directory `dir`, if it remembers a change: an
+    /// answer that a peer had for the cluster from before then may not show it.
+    fn unchanged_for(&self, dir: &str) -> Option<Duration> {
+        self.changed.get(dir).map(|&(_, at)| at).or(self.changed_floor_at).map(|at| at.elapsed())
     }
 
     /// The inode of `path` for an answer the store gave while this mount was changing the
@@ -159,6 +169,9 @@ const MAX_CHANGED_DIRS: usize = 65_536;
 /// How many times a listing or lookup asks the store again after this mount changed the tree
 /// during its request, before it answers without caching.
 const RACED_TRIES: u32 = 3;
+
+/// How long an entry of an immutable mount (no TTL) is trusted: the mount's life.
+const IMMUTABLE: Duration = Duration::from_secs(100 * 365 * 86400);
 
 /// A listing and when it was taken.
 #[derive(Debug)]
@@ -217,10 +230,11 @@ pub struct FsCore {
     opts: FsOptions,
     inodes: RwLock<Inodes>,
     listings: Mutex<HashMap<u64, Listing>>,
-    /// Names looked up one by one, outside a fresh listing: (parent, name) to inode.
-    entries: moka::sync::Cache<(u64, String), u64>,
-    /// Names looked up and found missing.
-    negative: moka::sync::Cache<(u64, String), ()>,
+    /// Names looked up one by one, outside a fresh listing: (parent, name) to inode, and
+    /// until when (an answer a peer had for the cluster is trusted for what is left of the TTL).
+    entries: moka::sync::Cache<(u64, String), (u64, Instant)>,
+    /// Names looked up and found missing, until when.
+    negative: moka::sync::Cache<(u64, String), Instant>,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: std::sync::atomic::AtomicU64,
     /// Files being written, by inode.
@@ -465,7 +479,7 @@ impl FsCore {
             }
             // A listing a peer made for the cluster counts as made when it was, not now.
             let (mut nodes, age) =
-                self.ns.read_dir_aged(&dir.path, self.opts.metadata_ttl).await.map_err(|source| FsError::List {
+                self.ns.read_dir_aged(&dir.path, self.max_age(&dir.path)).await.map_err(|source| FsError::List {
                     dir: if dir.path.is_empty() { "/".into() } else { dir.path.clone() },
                     source,
                 })?;
@@ -501,6 +515,18 @@ impl FsCore {
                     .insert(ino, Listing { at: listed_at, entries: entries.clone() });
             }
             return Ok(entries);
+        }
+    }
+
+    /// How old an answer about directory `dir` (its listing, or a name in it) may be: the
+    /// TTL, and never from before this mount last changed the directory, so that a peer's
+    /// answer from before a write here never hides the write.
+    fn max_age(&self, dir: &str) -> Option<Duration> {
+        let since = self.inodes.read().unwrap_or_else(|p| p.into_inner()).unchanged_for(dir);
+        match (self.opts.metadata_ttl, since) {
+            (Some(ttl), Some(since)) => Some(ttl.min(since)),
+            (ttl, None) => ttl,
+            (None, since) => since,
         }
     }
 
@@ -588,12 +614,14 @@ impl FsCore {
             return Ok(Some(Self::attr(*ino, t.by_ino.get(ino).map_or(listed, |i| &i.node))));
         }
         let key = (parent, name.to_string());
-        if let Some(ino) = self.entries.get(&key)
+        let now = Instant::now();
+        if let Some((ino, until)) = self.entries.get(&key)
+            && now < until
             && let Ok(i) = self.inode(ino)
         {
             return Ok(Some(Self::attr(ino, &i.node)));
         }
-        if self.negative.contains_key(&key) {
+        if self.negative.get(&key).is_some_and(|until| now < until) {
             return Err(FsError::NotFound);
         }
         // Before the directory's path is read, as in `listing`.
@@ -604,10 +632,18 @@ impl FsCore {
         }
         let path = join(&dir.path, name);
         let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner()).get(&path).cloned();
-        let found = match pending {
-            Some(node) => Some(node),
-            None => self.ns.stat(&path).await.map_err(|source| FsError::List { dir: path.clone(), source })?,
+        let (found, age) = match pending {
+            Some(node) => (Some(node), Duration::ZERO),
+            None => {
+                let max_age = self.max_age(&dir.path);
+                let max_missing = max_age.map_or(self.opts.negative_ttl, |m| m.min(self.opts.negative_ttl));
+                self.ns
+                    .stat_aged(&path, max_age, max_missing)
+                    .await
+                    .map_err(|source| FsError::List { dir: path.clone(), source })?
+            }
         };
+        let asked = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
         let writing = self.writing();
         // As in `listing`: checked, and cached, under the lock every change here counts under.
         let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
@@ -619,7 +655,8 @@ impl FsCore {
             Some(node) => {
                 let (ino, node) = t.assign_answer(&path, &node, current, &writing);
                 if current {
-                    self.entries.insert(key, ino);
+                    let until = asked + self.opts.metadata_ttl.unwrap_or(IMMUTABLE);
+                    self.entries.insert(key, (ino, until));
                 }
                 Ok(Some(Self::attr(ino, &node)))
             }
@@ -628,7 +665,7 @@ impl FsCore {
                 None => Err(FsError::NotFound),
             },
             None => {
-                self.negative.insert(key, ());
+                self.negative.insert(key, asked + self.opts.negative_ttl);
                 Err(FsError::NotFound)
             }
         }

@@ -103,7 +103,7 @@ pub async fn mount_dataset(
         let ns = ns_for_snapshot;
         let what = crate::namespace::Namespace::describe(&ns);
         let listed = crate::snapshot::load_or_take(dir, &what, spec.snapshot_max_age, || async {
-            ns.list_all().await.map_err(|e| e.to_string())
+            ns.list_all(spec.snapshot_max_age).await.map_err(|e| e.to_string())
         })
         .await;
         match listed {

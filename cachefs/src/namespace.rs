@@ -110,6 +110,19 @@ pub trait Namespace: Send + Sync + 'static {
         Box::pin(async move { Ok(listing.await?.into_iter().find(|n| n.name == name)) })
     }
 
+    /// As [`Namespace::stat`], from the store at most `max_age` ago (`None`: any age), and an
+    /// answer that the name is missing at most `max_missing_age` ago, with the answer's age:
+    /// one that a peer had for the cluster is older than this call.
+    fn stat_aged(
+        &self,
+        path: &str,
+        _max_age: Option<std::time::Duration>,
+        _max_missing_age: std::time::Duration,
+    ) -> BoxFuture<'static, Result<(Option<Node>, std::time::Duration), NsError>> {
+        let stat = self.stat(path);
+        Box::pin(async move { Ok((stat.await?, std::time::Duration::ZERO)) })
+    }
+
     /// The target of the symlink at `path`.
     fn read_link(&self, path: &str) -> BoxFuture<'static, Result<String, NsError>> {
         let e = NsError::Other(format!("{path} is not a symlink"));

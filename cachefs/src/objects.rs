@@ -6,7 +6,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use std::sync::Arc;
 use std::time::SystemTime;
-use strata_tiering::source::{ObjectInfo, ObjectSource};
+use strata_tiering::source::{ObjectInfo, ObjectSource, Stat};
 use strata_tiering::upload::PartUpload;
 use strata_tiering::{ChunkKey, Fetcher};
 
@@ -41,11 +41,16 @@ impl ObjectNamespace {
         }
     }
 
-    /// Every object under the root, for a namespace snapshot, with paths relative to the root.
-    pub async fn list_all(&self) -> Result<Vec<crate::snapshot::Entry>, NsError> {
+    /// Every object under the root, for a namespace snapshot, with paths relative to the root:
+    /// listed at most `max_age` ago (through the prefix's owner when the mount is
+    /// cluster-shared), and how long ago that was.
+    pub async fn list_all(
+        &self,
+        max_age: std::time::Duration,
+    ) -> Result<(Vec<crate::snapshot::Entry>, std::time::Duration), NsError> {
         let prefix = if self.root.is_empty() { String::new() } else { format!("{}/", self.root) };
-        let objects = self.source.list(&prefix).await?;
-        Ok(objects
+        let (objects, age) = self.source.list_aged(&prefix, max_age).await?;
+        let entries = objects
             .into_iter()
             .filter_map(|o| {
                 let rel = o.path.strip_prefix(&prefix)?.to_string();
@@ -53,7 +58,12 @@ impl ObjectNamespace {
                 (!rel.is_empty() && !rel.ends_with('/'))
                     .then_some(crate::snapshot::Entry(rel, o.size, o.version, mtime))
             })
-            .collect())
+            .collect();
+        Ok((entries, age))
+    }
+
+    fn dir_node(name: String) -> Node {
+        Node { name, kind: NodeKind::Dir, size: 0, version: String::new(), mtime: SystemTime::UNIX_EPOCH, posix: None }
     }
 
     fn node(o: ObjectInfo) -> Node {
@@ -131,15 +141,28 @@ impl Namespace for ObjectNamespace {
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e.into()),
             }
-            let dir = source.exists_under(&key).await?.then(|| Node {
-                name,
-                kind: NodeKind::Dir,
-                size: 0,
-                version: String::new(),
-                mtime: SystemTime::UNIX_EPOCH,
-                posix: None,
-            });
-            Ok(dir)
+            Ok(source.exists_under(&key).await?.then(|| Self::dir_node(name)))
+        }
+        .boxed()
+    }
+
+    /// As `stat`, through the key's owner when the mount is cluster-shared.
+    fn stat_aged(
+        &self,
+        path: &str,
+        max_age: Option<std::time::Duration>,
+        max_missing_age: std::time::Duration,
+    ) -> BoxFuture<'static, Result<(Option<Node>, std::time::Duration), NsError>> {
+        let (source, key) = (self.source.clone(), self.key(path));
+        let name = path.rsplit('/').next().unwrap_or(path).to_string();
+        async move {
+            let (stat, age) = source.stat_aged(&key, max_age, max_missing_age).await?;
+            let node = match stat {
+                Stat::File(o) => Some(Self::node(o)),
+                Stat::Dir => Some(Self::dir_node(name)),
+                Stat::Missing => None,
+            };
+            Ok((node, age))
         }
         .boxed()
     }

@@ -67,8 +67,9 @@ fn read_fresh(path: &Path, source: &str, max_age: Duration) -> Option<Vec<Entry>
 }
 
 /// The snapshot of `source` in `dir`: the stored one if younger than `max_age`, else a new one
-/// from `list` (which it stores for the next mount). Returns the entries and whether they came
-/// from the store's listing just now.
+/// from `list` (which it stores for the next mount, as taken when the listing was made: `list`
+/// gives its age, non-zero when a peer listed for the cluster). Returns the entries and whether
+/// they came from a listing just now.
 pub async fn load_or_take<F, Fut>(
     dir: &Path,
     source: &str,
@@ -77,7 +78,7 @@ pub async fn load_or_take<F, Fut>(
 ) -> Result<(Vec<Entry>, bool), SnapshotError>
 where
     F: FnOnce() -> Fut,
-    Fut: Future<Output = Result<Vec<Entry>, String>>,
+    Fut: Future<Output = Result<(Vec<Entry>, Duration), String>>,
 {
     let io = |source| SnapshotError::Io { path: dir.display().to_string(), source };
     std::fs::create_dir_all(dir).map_err(io)?;
@@ -95,8 +96,9 @@ where
     if let Some(entries) = read_fresh(&path, source, max_age) {
         return Ok((entries, false));
     }
-    let entries = list().await.map_err(SnapshotError::List)?;
-    let body = serde_json::to_vec(&File { source: source.to_string(), taken: now_secs(), entries: entries.clone() })
+    let (entries, age) = list().await.map_err(SnapshotError::List)?;
+    let taken = now_secs().saturating_sub(age.as_secs());
+    let body = serde_json::to_vec(&File { source: source.to_string(), taken, entries: entries.clone() })
         .map_err(|e| SnapshotError::List(e.to_string()))?;
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     std::fs::write(&tmp, body).and_then(|_| std::fs::rename(&tmp, &path)).map_err(io)?;
@@ -165,8 +167,8 @@ mod tests {
     #[tokio::test]
     async fn a_fresh_snapshot_is_reused_and_a_corrupt_one_is_retaken() {
         let dir = tempfile::tempdir().unwrap();
-        let one = || async { Ok(vec![Entry("f".into(), 1, "e1".into(), 0)]) };
-        let two = || async { Ok(vec![Entry("g".into(), 2, "e2".into(), 0)]) };
+        let one = || async { Ok((vec![Entry("f".into(), 1, "e1".into(), 0)], Duration::ZERO)) };
+        let two = || async { Ok((vec![Entry("g".into(), 2, "e2".into(), 0)], Duration::ZERO)) };
         let hour = Duration::from_secs(3600);
         assert!(load_or_take(dir.path(), "s", hour, one).await.unwrap().1);
         let (entries, listed) = load_or_take(dir.path(), "s", hour, two).await.unwrap();
@@ -180,5 +182,11 @@ mod tests {
         let (entries, listed) = load_or_take(dir.path(), "s", hour, one).await.unwrap();
         assert!(listed);
         assert_eq!(entries[0].0, "f");
+        // A listing a peer made 50 minutes ago is stored as taken then: ten minutes later it
+        // is past the hour, and the next mount lists again.
+        let old = || async { Ok((vec![Entry("h".into(), 3, "e3".into(), 0)], Duration::from_secs(3000))) };
+        assert_eq!(load_or_take(dir.path(), "aged", hour, old).await.unwrap().0[0].0, "h");
+        let ten_minutes = Duration::from_secs(600);
+        assert!(load_or_take(dir.path(), "aged", ten_minutes, two).await.unwrap().1, "the aged snapshot is not reused");
     }
 }

@@ -4,6 +4,7 @@
 //! protocol). Anything that stops a layer from being lazy falls back to an ordinary snapshot,
 //! which containerd fills the usual way, and says why.
 
+use crate::blob_reads::BlobReads;
 use crate::early::{Asking, EarlyPrefetch};
 use crate::error::SnapshotError;
 use crate::fill::{self, Progress};
@@ -12,7 +13,7 @@ use crate::layer::Blob;
 use crate::model::Mount;
 use crate::overlay::Snapshotter;
 use crate::registry::{ImageRef, Registry};
-use crate::remote::{RemoteError, RemoteOptions, TocMember, check_toc, fetch_toc, mount_layer, namespace};
+use crate::remote::{RemoteError, RemoteOptions, TocMember, check_toc, fetch_toc_via, mount_layer, namespace};
 use crate::report::LayerReport;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
@@ -400,7 +401,11 @@ impl Lazy {
     async fn fetch_whole(&self, src: &LayerSource, dir: &Path) -> Result<u64, String> {
         let blob_path = dir.with_file_name("layer.blob");
         let mut file = std::fs::File::create(&blob_path).map_err(|e| format!("{}: {e}", blob_path.display()))?;
-        let fetched = self.registry.blob_to_file(&src.image, &src.digest, &mut file).await;
+        let peers = self.opts.peers.as_deref();
+        let fetched = match BlobReads::for_blob(&self.registry, peers, &src.image, &src.digest).await {
+            Ok(reads) => reads.to_file(&src.image, &src.digest, &mut file).await,
+            Err(e) => Err(e),
+        };
         drop(file);
         let unpacked = match fetched {
             Ok(size) => {
@@ -450,8 +455,8 @@ impl Lazy {
         let ahead = (self.opts.memory_budget / 4) as usize;
         let ask =
             |end| EarlyPrefetch::start(self.registry.clone(), src.image.clone(), src.digest.clone(), 0..end, ahead);
-        // Through the peer tier, nothing is asked for before this node has read the TOC from
-        // the registry with its own logins: its peers never give it a layer it could not pull.
+        // Through the peer tier, the start-up bytes come with the fill, segment by segment from
+        // their owners, not in a request of this node's own to the registry.
         let early_ok = fresh == Fresh::Yes && !self.opts.peers.as_ref().is_some_and(|p| p.shares(&src.image));
         let mut early = match (early_ok, src.prefetch_end) {
             (true, Some(end)) => Some(ask(end)),
@@ -487,8 +492,16 @@ impl Lazy {
                 }
                 let mut tell = |end| early = Some(ask(end));
                 let tell = scan.then_some(&mut tell as &mut (dyn FnMut(u64) + Send));
-                let member =
-                    fetch_toc(&self.registry, &src.image, &src.digest, self.opts.max_toc_size, src.toc_offset, tell);
+                let (registry, peers) = (&self.registry, self.opts.peers.as_deref());
+                let member = fetch_toc_via(
+                    registry,
+                    peers,
+                    &src.image,
+                    &src.digest,
+                    self.opts.max_toc_size,
+                    src.toc_offset,
+                    tell,
+                );
                 (Arc::new(member.await?), false)
             }
         };
@@ -602,8 +615,14 @@ impl Lazy {
             return read.clone();
         }
         let (registry, image, manifest) = (self.registry.clone(), image.clone(), manifest.map(str::to_owned));
+        // With the manifest's digest, its bytes and the config's come through the peer tier.
+        let peers = self.opts.peers.clone().filter(|p| manifest.is_some() && p.shares(&image));
         let read = async move {
-            match registry.config(&image, manifest.as_deref()).await {
+            let config = match (&peers, &manifest) {
+                (Some(peers), Some(m)) => peers.config(&registry, &image, m).await,
+                _ => registry.config(&image, manifest.as_deref()).await,
+            };
+            match config {
                 Ok(config) => Arc::new(crate::command::program_paths(&config)),
                 Err(e) => {
                     tracing::debug!(%image, error = %e, "the image's config was not read: its program is not fetched ahead");
@@ -631,12 +650,19 @@ impl Lazy {
             if ahead.iter().any(|(d, _)| d == digest) || !crate::estargz::is_sha256_digest(digest) {
                 continue;
             }
-            let (registry, image, d, max) =
-                (self.registry.clone(), src.image.clone(), digest.to_owned(), self.opts.max_toc_size);
-            let read: TocRead =
-                async move { fetch_toc(&registry, &image, &d, max, None, None).await.map(Arc::new).map_err(Arc::new) }
-                    .boxed()
-                    .shared();
+            let (registry, peers, image, d, max) = (
+                self.registry.clone(),
+                self.opts.peers.clone(),
+                src.image.clone(),
+                digest.to_owned(),
+                self.opts.max_toc_size,
+            );
+            let read: TocRead = async move {
+                let member = fetch_toc_via(&registry, peers.as_deref(), &image, &d, max, None, None).await;
+                member.map(Arc::new).map_err(Arc::new)
+            }
+            .boxed()
+            .shared();
             tokio::spawn(read.clone());
             if ahead.len() == TOCS_AHEAD {
                 ahead.pop_front();

@@ -4,6 +4,7 @@
 //! metadata store, and remote layers: eStargz blobs mounted lazily through cachefs.
 
 pub mod activity;
+pub mod blob_reads;
 pub mod command;
 pub mod convert;
 pub mod early;

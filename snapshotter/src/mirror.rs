@@ -3,14 +3,15 @@
 //! `/v2/<name>/manifests/<digest>`, with ranges), which containerd asks as a `hosts.toml`
 //! mirror. Plain overlayfs pulls and layers that cannot be lazy gain from the peer tier too: a
 //! blob's bytes come through it in the segments lazy layers use, so a layer that any node holds
-//! or is fetching now is not fetched from the registry again.
+//! or is fetching now is not fetched from the registry again; a manifest comes through it as
+//! one chunk named by its digest.
 //!
 //! A pull is served only to a client that the registry would serve. The mirror first asks the
 //! registry (a HEAD, with the client's own `Authorization`, remembered for `access_ttl`), and
 //! passes a refusal back as it came: a 401 with its challenge, so that containerd logs in to
 //! the registry and asks again. The upstream is named by containerd's `ns` query parameter.
 
-use crate::peer_blobs::PeerBlobs;
+use crate::peer_blobs::{PeerBlobs, Whole};
 use crate::registry::{ImageRef, Registry};
 use axum::body::Body;
 use axum::extract::State;
@@ -159,8 +160,26 @@ async fn object(State(s): State<MirrorState>, method: Method, uri: Uri, headers:
             return (StatusCode::RANGE_NOT_SATISFIABLE, [(header::CONTENT_RANGE, unsatisfied)]).into_response();
         }
     };
-    let peers = s.peers.as_ref().filter(|p| o.kind == Kind::Blob && p.shares(&image) && granted.size > 0);
-    if let Some(peers) = peers {
+    let shared = s.peers.as_ref().filter(|p| p.shares(&image) && granted.size > 0);
+    if let Some(peers) = shared.filter(|_| o.kind == Kind::Manifest) {
+        match peers.whole(&s.registry, &image, Whole::Manifest, &o.digest, 0).await {
+            Ok(body) if body.len() as u64 == granted.size => {
+                s.metrics.mirror_peer_bytes.inc_by(body.len() as u64);
+                let part = match &range {
+                    Some(r) => body.slice(r.start as usize..r.end as usize),
+                    None => body,
+                };
+                return with_range(StatusCode::OK, answer, range, granted.size, Body::from(part));
+            }
+            Ok(body) => {
+                tracing::warn!(image = %image, manifest = %o.digest, bytes = body.len(), head = granted.size, "a manifest's size is not what the registry's HEAD said; passing it on from the registry");
+            }
+            Err(e) => {
+                tracing::info!(image = %image, manifest = %o.digest, error = %e, "the peer tier could not serve a manifest; passing it on from the registry");
+            }
+        }
+    }
+    if let Some(peers) = shared.filter(|_| o.kind == Kind::Blob) {
         let want = range.clone().unwrap_or(0..granted.size);
         let mut stream = peers.range_stream(&s.registry, &image, &o.digest, granted.size, want.clone());
         // The first piece decides: should the peer tier and this node's own logins fail (an

@@ -4,9 +4,13 @@
 //! (`registry/<host>/<repository>`, the digest as its version); a segment's owner fetches it
 //! from the registry with its own logins and streams it to the members that ask.
 //!
+//! A manifest, and a small blob (a config), is one chunk keyed by its digest: under the
+//! repository's path, with `@manifests` after it for a manifest (no repository name holds an
+//! `@`).
+//!
 //! What keeps it safe:
-//! - a layer's TOC is always read from the registry itself, so a node asks its peers for a
-//!   layer's bytes only once its own logins have read from that blob;
+//! - a node asks the registry for a layer's size (a HEAD, with its own logins) before it asks
+//!   its peers for any byte of it, its TOC included ([`crate::blob_reads`]);
 //! - a segment is checked by its CRC32C from the owner, and every chunk decoded from segments
 //!   by its digest from the TOC, before a byte is cached or served: a segment under a chunk
 //!   that fails is dropped, and the chunk is fetched from the registry itself.
@@ -32,9 +36,27 @@ const PARALLEL: usize = 4;
 /// How far a range is read ahead of its reader.
 const AHEAD: usize = 4 << 20;
 
+/// What follows a repository's path in the path of its manifests.
+const MANIFESTS: &str = "@manifests";
+
 /// The path of `image`'s segments.
 pub fn segment_path(image: &ImageRef) -> String {
     format!("{PATH_PREFIX}{}/{}", image.host, image.repository)
+}
+
+/// The image whose repository a registry path names.
+fn image_of(path: &str) -> Result<ImageRef, String> {
+    let rest = path.strip_prefix(PATH_PREFIX).ok_or("not a registry path")?;
+    let (host, repository) = rest.split_once('/').ok_or("a registry path is registry/<host>/<repository>")?;
+    Ok(ImageRef { host: host.to_owned(), repository: repository.to_owned(), tag: None, digest: None })
+}
+
+/// An object read whole by its digest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Whole {
+    Manifest,
+    /// A blob of at most 1 MiB: a config.
+    Blob,
 }
 
 /// Blobs through the peer tier, into this node's cache.
@@ -102,6 +124,56 @@ impl PeerBlobs {
         RangeStream::from_pieces(source, range, pieces, AHEAD)
     }
 
+    /// Manifest or small blob `digest` of `image` (`size` bytes, for a blob) from this node's
+    /// cache, its owner, or the registry; checked against its digest wherever it comes from.
+    pub async fn whole(
+        &self,
+        registry: &Arc<Registry>,
+        image: &ImageRef,
+        kind: Whole,
+        digest: &str,
+        size: u64,
+    ) -> Result<Bytes, RegistryError> {
+        let path = match kind {
+            Whole::Blob => segment_path(image),
+            Whole::Manifest => format!("{}{MANIFESTS}", segment_path(image)),
+        };
+        let origin: Arc<dyn Fetcher> =
+            Arc::new(WholeFetcher { registry: registry.clone(), image: image.clone(), kind, size });
+        let fetcher = self.tier.wrap(origin, size);
+        let key = ChunkKey::digest(path, digest);
+        self.cache.get(&key, fetcher, GetOptions::default()).await.map_err(|e| RegistryError::Manifest {
+            reference: format!("{image}@{digest}"),
+            reason: format!("through the peer tier: {e}"),
+        })
+    }
+
+    /// The config of `image`'s manifest `manifest` (a digest; an index is resolved to this
+    /// platform's manifest), each object read through [`PeerBlobs::whole`].
+    pub async fn config(
+        &self,
+        registry: &Arc<Registry>,
+        image: &ImageRef,
+        manifest: &str,
+    ) -> Result<Bytes, RegistryError> {
+        use crate::registry::client::{Decoded, check_config_ref, decode_manifest};
+        let mut digest = manifest.to_owned();
+        for _ in 0..2 {
+            let body = self.whole(registry, image, Whole::Manifest, &digest, 0).await?;
+            match decode_manifest(image, &body, digest.clone())? {
+                Decoded::Image(m) => {
+                    check_config_ref(image, &m)?;
+                    return self.whole(registry, image, Whole::Blob, &m.config_digest, m.config_size).await;
+                }
+                Decoded::Index { chosen } => digest = chosen,
+            }
+        }
+        Err(RegistryError::Manifest {
+            reference: image.to_string(),
+            reason: format!("the index names {digest}, which is an index too"),
+        })
+    }
+
     /// Drops the segments under `range` of blob `digest` from this node's cache: a chunk
     /// decoded from them failed its digest.
     pub async fn forget(&self, image: &ImageRef, digest: &str, range: Range<u64>) {
@@ -141,6 +213,34 @@ impl Fetcher for SegmentFetcher {
     }
 }
 
+/// A manifest or small blob, whole, from the registry; checked against its digest.
+struct WholeFetcher {
+    registry: Arc<Registry>,
+    image: ImageRef,
+    kind: Whole,
+    size: u64,
+}
+
+impl Fetcher for WholeFetcher {
+    fn fetch(&self, key: &ChunkKey) -> BoxFuture<'static, Result<Bytes, FetchError>> {
+        let (registry, image, kind, size) = (self.registry.clone(), self.image.clone(), self.kind, self.size);
+        let digest = match &key.identity {
+            Identity::Digest { digest } => Some(digest.clone()),
+            _ => None,
+        };
+        async move {
+            let digest =
+                digest.ok_or_else(|| Arc::new(std::io::Error::other("not an object by digest")) as FetchError)?;
+            let got = match kind {
+                Whole::Manifest => registry.manifest_raw(&image, &digest).await.map(|(body, _)| body),
+                Whole::Blob => registry.small_blob(&image, &digest, size).await,
+            };
+            got.map_err(|e| Arc::new(e) as FetchError)
+        }
+        .boxed()
+    }
+}
+
 /// The peer port's origin for blob segments: this node's registry client, with its own logins.
 /// A node that cannot pull the image answers that it cannot, and the asker pulls it itself.
 #[derive(Debug)]
@@ -150,8 +250,20 @@ pub struct RegistryOrigin {
 
 impl Origin for RegistryOrigin {
     fn fetcher(&self, req: &ChunkRequest) -> Result<Arc<dyn Fetcher>, String> {
+        if let Identity::Digest { digest } = &req.key.identity {
+            let (path, kind) = match req.key.path.strip_suffix(MANIFESTS) {
+                Some(repository) => (repository, Whole::Manifest),
+                None => (req.key.path.as_str(), Whole::Blob),
+            };
+            if !crate::estargz::is_sha256_digest(digest) {
+                return Err(format!("{digest:?} is not a sha256 digest"));
+            }
+            let image = image_of(path)?;
+            let registry = self.registry.clone();
+            return Ok(Arc::new(WholeFetcher { registry, image, kind, size: req.size }));
+        }
         let Identity::Object { version, chunk_size, .. } = &req.key.identity else {
-            return Err("only segments of blobs are served from the registry".into());
+            return Err("only segments of blobs, manifests and configs are served from the registry".into());
         };
         if *chunk_size != SEGMENT {
             return Err(format!("segments of {chunk_size} bytes, where this node cuts {SEGMENT}"));
@@ -159,12 +271,10 @@ impl Origin for RegistryOrigin {
         if req.expected_len().is_none() {
             return Err(format!("the segment lies past the end of the {}-byte blob", req.size));
         }
-        let rest = req.key.path.strip_prefix(PATH_PREFIX).ok_or("not a registry path")?;
-        let (host, repository) = rest.split_once('/').ok_or("a registry path is registry/<host>/<repository>")?;
+        let image = image_of(&req.key.path)?;
         if !version.starts_with("sha256:") {
             return Err(format!("{version:?} is not a blob digest"));
         }
-        let image = ImageRef { host: host.to_owned(), repository: repository.to_owned(), tag: None, digest: None };
         Ok(Arc::new(SegmentFetcher { registry: self.registry.clone(), image, digest: version.clone(), size: req.size }))
     }
 }
@@ -192,12 +302,19 @@ mod tests {
         let path = segment_path(&image);
         assert_eq!(path, "registry/198.18.0.1:5000/team/train");
         assert!(origin.fetcher(&req(&path, &blob, 2, 3 * SEGMENT - 1, SEGMENT)).is_ok());
+        assert!(origin.fetcher(&ChunkRequest::new(ChunkKey::digest(&path, &blob), 1000)).is_ok(), "a config");
+        let manifests = format!("{path}{MANIFESTS}");
+        assert!(origin.fetcher(&ChunkRequest::new(ChunkKey::digest(&manifests, &blob), 0)).is_ok(), "a manifest");
         for (r, why) in [
             (req(&path, &blob, 3, 3 * SEGMENT, SEGMENT), "past the end"),
             (req(&path, &blob, 0, SEGMENT, 4 << 20), "segments of 4194304 bytes"),
             (req(&path, "latest", 0, SEGMENT, SEGMENT), "is not a blob digest"),
             (req("registry/host-only", &blob, 0, SEGMENT, SEGMENT), "registry/<host>/<repository>"),
-            (ChunkRequest::new(ChunkKey::digest(&path, &blob), SEGMENT), "only segments of blobs"),
+            (ChunkRequest::new(ChunkKey::digest(&path, "latest"), 0), "is not a sha256 digest"),
+            (
+                ChunkRequest::new(ChunkKey::digest("registry/host-only@manifests", &blob), 0),
+                "registry/<host>/<repository>",
+            ),
         ] {
             let e = origin.fetcher(&r).err().unwrap();
             assert!(e.contains(why), "{e}");

@@ -1,8 +1,10 @@
 //! Opening and mounting one remote layer: find its footer and TOC with two ranged reads, check
 //! the TOC against the digest the image annotates it with, and mount the tree through cachefs.
 
+use crate::blob_reads::BlobReads;
 use crate::estargz::{self, FormatError, MAX_FOOTER_SIZE};
 use crate::layer::{Blob, LayerError, LayerNamespace};
+use crate::peer_blobs::PeerBlobs;
 use crate::registry::{ImageRef, Registry, RegistryError};
 use std::path::Path;
 use std::sync::Arc;
@@ -119,7 +121,7 @@ const TAIL_READ: u64 = 512 << 10;
 /// the prefetch landmark seems to be as soon as its entry is in, well before the rest of a
 /// large TOC, and at most once.
 pub async fn fetch_toc(
-    registry: &Registry,
+    reads: BlobReads<'_>,
     image: &ImageRef,
     digest: &str,
     max_toc_size: u64,
@@ -129,7 +131,7 @@ pub async fn fetch_toc(
     let reg_err = |source| RemoteError::Registry { image: image.to_string(), layer: digest.to_owned(), source };
     let fmt_err = |source| RemoteError::Format { image: image.to_string(), layer: digest.to_owned(), source };
     let hinted = match toc_offset {
-        Some(at) => tail_from(registry, image, digest, at, max_toc_size.saturating_add(MAX_FOOTER_SIZE)).await,
+        Some(at) => tail_from(reads, image, digest, at, max_toc_size.saturating_add(MAX_FOOTER_SIZE)).await,
         None => None,
     };
     let (footer, tail, size) = match hinted {
@@ -147,7 +149,7 @@ pub async fn fetch_toc(
                 }
             };
             let (tail, size) =
-                registry.blob_tail(image, digest, TAIL_READ.max(MAX_FOOTER_SIZE), observe).await.map_err(reg_err)?;
+                reads.tail(image, digest, TAIL_READ.max(MAX_FOOTER_SIZE), observe).await.map_err(reg_err)?;
             (estargz::parse_footer(&tail, size).map_err(fmt_err)?, tail, size)
         }
     };
@@ -166,7 +168,7 @@ pub async fn fetch_toc(
     } else {
         // The TOC's start (all of it, if the footer leaves a gap before itself) is read on its
         // own, and the rest is in the tail.
-        let mut head = registry.blob_range_stream(image, digest, start..end.min(tail_start)).await.map_err(reg_err)?;
+        let mut head = reads.range_stream(image, digest, start..end.min(tail_start)).await.map_err(reg_err)?;
         let mut scan = on_landmark.is_some().then(|| estargz::hint::LandmarkScan::new(footer.compression));
         let mut whole = bytes::BytesMut::with_capacity((end - start) as usize);
         while let Some(piece) = head.next().await.map_err(reg_err)? {
@@ -186,16 +188,34 @@ pub async fn fetch_toc(
     Ok(TocMember { size, footer, bytes })
 }
 
+/// As [`fetch_toc`], through the peer tier when `peers` share the image ([`BlobReads`]).
+pub async fn fetch_toc_via(
+    registry: &Arc<Registry>,
+    peers: Option<&PeerBlobs>,
+    image: &ImageRef,
+    digest: &str,
+    max_toc_size: u64,
+    toc_offset: Option<u64>,
+    on_landmark: Option<&mut (dyn FnMut(u64) + Send)>,
+) -> Result<TocMember, RemoteError> {
+    let reads = BlobReads::for_blob(registry, peers, image, digest).await.map_err(|source| RemoteError::Registry {
+        image: image.to_string(),
+        layer: digest.to_owned(),
+        source,
+    })?;
+    fetch_toc(reads, image, digest, max_toc_size, toc_offset, on_landmark).await
+}
+
 /// The blob from `at` (where its descriptor says the TOC starts) to its end, if that is at
 /// most `limit` bytes and ends in a footer: the footer, those bytes, and the blob's size.
 async fn tail_from(
-    registry: &Registry,
+    reads: BlobReads<'_>,
     image: &ImageRef,
     digest: &str,
     at: u64,
     limit: u64,
 ) -> Option<(estargz::Footer, bytes::Bytes, u64)> {
-    let why = match registry.blob_from(image, digest, at, limit).await {
+    let why = match reads.from(image, digest, at, limit).await {
         Ok((tail, size)) => match estargz::parse_footer(&tail, size) {
             Ok(footer) => return Some((footer, tail, size)),
             Err(e) => e.to_string(),
@@ -295,7 +315,7 @@ pub async fn open_layer(
     toc_digest: &str,
     opts: &RemoteOptions,
 ) -> Result<LayerNamespace, RemoteError> {
-    let member = fetch_toc(&registry, image, digest, opts.max_toc_size, None, None).await?;
+    let member = fetch_toc_via(&registry, opts.peers.as_deref(), image, digest, opts.max_toc_size, None, None).await?;
     build_layer(registry, image, digest, &member, toc_digest, opts).await
 }
 

@@ -140,7 +140,8 @@ async fn where_the_start_up_files_end_is_heard_from_the_first_read_of_a_layers_e
         let before = proxy.count(&blob);
         let mut heard = Vec::new();
         let mut tell = |at| heard.push(at);
-        let member = fetch_toc(&reg, &image, &layer.digest, 64 << 20, None, Some(&mut tell)).await.unwrap();
+        let reads = strata_snapshotter::blob_reads::BlobReads::Registry(&reg);
+        let member = fetch_toc(reads, &image, &layer.digest, 64 << 20, None, Some(&mut tell)).await.unwrap();
         assert_eq!(proxy.count(&blob) - before, 1, "{tag}: the footer and the TOC came in one read");
         let checked =
             check_toc(&image, &layer.digest, &member, &layer.annotations[TOC_DIGEST], &RemoteOptions::default())

@@ -56,6 +56,9 @@ impl Net {
         for i in 0..nodes {
             let (ns, host, inner) = (net.ns(i), net.host_veth(i), format!("{}i{i}", net.tag));
             let _ = Command::new("ip").args(["netns", "del", &ns]).output();
+            // A namespace a lingering process of an earlier test here still holds keeps its
+            // veth pair; deleting one end deletes both.
+            let _ = Command::new("ip").args(["link", "del", &host]).output();
             ip(&["netns", "add", &ns]);
             ip(&["link", "add", &host, "type", "veth", "peer", "name", &inner]);
             ip(&["link", "set", &inner, "netns", &ns]);

@@ -807,6 +807,7 @@ async fn read_full(f: &mut tokio::fs::File, buf: &mut [u8]) -> std::io::Result<u
     Ok(n)
 }
 
-mod cluster_listing;
+mod cluster_meta;
+pub use cluster_meta::Stat;
 #[cfg(test)]
 mod written_tests;

@@ -230,7 +230,7 @@ impl FsCore {
             .filter(|(_, ino)| t.by_ino.get(ino).is_some_and(|i| i.node.kind == crate::namespace::NodeKind::Dir))
             .flat_map(|(p, _)| [p.clone(), moved(p, from, to).unwrap_or_default()])
             .collect();
-        let at = t.changes;
+        let at = (t.changes, std::time::Instant::now());
         for d in dirs {
             t.changed.insert(d, at);
         }

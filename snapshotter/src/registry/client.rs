@@ -310,21 +310,24 @@ impl Registry {
     /// digest) if given, else from the manifest `image` names.
     pub async fn config(&self, image: &ImageRef, manifest: Option<&str>) -> Result<Bytes, RegistryError> {
         let m = self.manifest_at(image, manifest.unwrap_or(image.object())).await?;
-        if m.config_size > CONFIG_LIMIT || !crate::estargz::is_sha256_digest(&m.config_digest) {
+        check_config_ref(image, &m)?;
+        self.small_blob(image, &m.config_digest, m.config_size).await
+    }
+
+    /// Blob `digest` of `size` bytes (at most 1 MiB: a config), checked against its digest.
+    pub async fn small_blob(&self, image: &ImageRef, digest: &str, size: u64) -> Result<Bytes, RegistryError> {
+        if size > CONFIG_LIMIT {
             return Err(RegistryError::Manifest {
                 reference: image.to_string(),
-                reason: format!(
-                    "config {} of {} bytes: not a sha256 digest, or over 1 MiB",
-                    m.config_digest, m.config_size
-                ),
+                reason: format!("blob {digest} of {size} bytes is over the 1 MiB a config may have"),
             });
         }
-        let body = self.blob_range(image, &m.config_digest, 0..m.config_size).await?;
-        let digest = crate::estargz::sha256_digest(&body);
-        if digest != m.config_digest {
+        let body = self.blob_range(image, digest, 0..size).await?;
+        let actual = crate::estargz::sha256_digest(&body);
+        if actual != digest {
             return Err(RegistryError::Manifest {
                 reference: image.to_string(),
-                reason: format!("config {} hashes to {digest}", m.config_digest),
+                reason: format!("blob {digest} hashes to {actual}"),
             });
         }
         Ok(body)
@@ -852,6 +855,21 @@ fn parse_content_range(value: &str) -> Option<(u64, u64, u64)> {
     let (start, end) = range.split_once('-')?;
     let (start, end, size) = (start.parse().ok()?, end.parse().ok()?, size.parse().ok()?);
     (start <= end && end < size).then_some((start, end, size))
+}
+
+/// Whether manifest `m`'s config is one [`Registry::small_blob`] reads: a sha256 digest, at
+/// most 1 MiB.
+pub fn check_config_ref(image: &ImageRef, m: &Manifest) -> Result<(), RegistryError> {
+    if m.config_size > CONFIG_LIMIT || !crate::estargz::is_sha256_digest(&m.config_digest) {
+        return Err(RegistryError::Manifest {
+            reference: image.to_string(),
+            reason: format!(
+                "config {} of {} bytes: not a sha256 digest, or over 1 MiB",
+                m.config_digest, m.config_size
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// What a manifest's bytes say: an image manifest, or an index and the manifest in it for

@@ -238,12 +238,12 @@ impl RangeStream {
 }
 
 /// All of a range, held in memory: it is only ever as long as was asked for.
-pub(super) async fn collect(stream: RangeStream) -> Result<Bytes, RegistryError> {
+pub(crate) async fn collect(stream: RangeStream) -> Result<Bytes, RegistryError> {
     collect_seen(stream, |_| {}).await
 }
 
 /// As [`collect`], with `observe` seeing each piece as it arrives.
-pub(super) async fn collect_seen(
+pub(crate) async fn collect_seen(
     mut stream: RangeStream,
     mut observe: impl FnMut(&[u8]) + Send,
 ) -> Result<Bytes, RegistryError> {

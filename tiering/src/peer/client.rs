@@ -232,17 +232,17 @@ impl PeerClient {
 }
 
 impl PeerClient {
-    /// Directory listing `req` from `member`, its owner. The owner answers at once and lists
-    /// afterwards, as it fetches chunks; the listing must come within the fetch timeout.
-    pub async fn get_listing(&self, member: &str, req: &MetaRequest) -> Result<MetaAnswer, PeerError> {
-        let result = self.try_get_listing(member, req).await;
+    /// Metadata `req` from `member`, its owner. The owner answers at once and asks the store
+    /// afterwards, as it fetches chunks; the answer must come within the fetch timeout.
+    pub async fn get_meta(&self, member: &str, req: &MetaRequest) -> Result<MetaAnswer, PeerError> {
+        let result = self.try_get_meta(member, req).await;
         if result.as_ref().is_err_and(|e| e.blames_member()) {
             self.drop_connection(member);
         }
         result
     }
 
-    async fn try_get_listing(&self, member: &str, req: &MetaRequest) -> Result<MetaAnswer, PeerError> {
+    async fn try_get_meta(&self, member: &str, req: &MetaRequest) -> Result<MetaAnswer, PeerError> {
         let transport =
             |e: &dyn std::fmt::Display| PeerError::Transport { member: member.to_owned(), reason: e.to_string() };
         let timeout = |after| PeerError::Timeout { member: member.to_owned(), after };
@@ -264,8 +264,10 @@ impl PeerClient {
                 from_trailer.unwrap_or_else(|| String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned());
             return Err(PeerError::Status { member: member.to_owned(), status, message });
         }
-        serde_json::from_slice(&bytes)
-            .map_err(|e| PeerError::Corrupt { member: member.to_owned(), reason: format!("not a listing: {e}") })
+        serde_json::from_slice(&bytes).map_err(|e| PeerError::Corrupt {
+            member: member.to_owned(),
+            reason: format!("not a metadata answer: {e}"),
+        })
     }
 }
 

@@ -10,7 +10,7 @@ use super::client::{PeerClient, PeerError};
 use super::members::Membership;
 use super::meta::{Listed, MetaRequest};
 use super::wire::{Ask, ChunkRequest};
-use crate::{ChunkKey, FetchError, Fetcher, Identity, PathPattern};
+use crate::{ChunkKey, FetchError, Fetcher, PathPattern};
 use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -227,18 +227,18 @@ impl PeerTier {
         self.client.get_chunk(owner, &ChunkRequest { ask: Ask::Direct, ..req.clone() }, have).await
     }
 
-    /// Where directory listing `req` comes from: its owner's answer, this node as the owner,
-    /// or the store itself when every member tried failed (counted and logged once a run, as
-    /// chunks are).
-    pub async fn ask_listing(&self, req: &MetaRequest) -> ListingFrom {
+    /// Where the metadata `req` asks for comes from: its owner's answer, this node as the
+    /// owner, or the store itself when every member tried failed (counted and logged once a
+    /// run, as chunks are).
+    pub async fn ask_meta(&self, req: &MetaRequest) -> MetaFrom {
         let members = self.membership.current();
         if members.is_empty() {
-            return ListingFrom::Origin;
+            return MetaFrom::Origin;
         }
         let mut tried = 0;
-        for m in members.rank(&MetaRequest::placement(&req.dir)) {
+        for m in members.rank(&req.placement()) {
             if self.is_self(&m.name) {
-                return ListingFrom::Owner;
+                return MetaFrom::Owner;
             }
             if self.is_suspect(&m.name) {
                 continue;
@@ -247,26 +247,26 @@ impl PeerTier {
                 break;
             }
             tried += 1;
-            match self.client.get_listing(&m.name, req).await {
+            match self.client.get_meta(&m.name, req).await {
                 Ok(answer) => {
                     self.metrics.listings_received.inc();
-                    return ListingFrom::Peer(Listed::from_answer(answer));
+                    return MetaFrom::Peer(Listed::from_answer(answer));
                 }
                 Err(e) => {
                     self.failed(&m.name, &e);
                     if e.is_origin_failure() {
-                        warn!(dir = %req.dir, error = %e, "the owner's listing failed; listing the store");
+                        warn!(path = %req.path, kind = ?req.kind, error = %e, "the owner failed to ask the store; asking it here");
                         break;
                     }
-                    warn!(dir = %req.dir, error = %e, "peer failed a listing; trying the next choice");
+                    warn!(path = %req.path, kind = ?req.kind, error = %e, "peer failed a metadata ask; trying the next choice");
                 }
             }
         }
         self.metrics.origin_fallbacks.inc();
         if !self.falling_back.swap(true, Ordering::Relaxed) {
-            warn!(dir = %req.dir, tried, "no peer could list a directory; listing the store until one can");
+            warn!(path = %req.path, tried, "no peer could answer for metadata; asking the store until one can");
         }
-        ListingFrom::Origin
+        MetaFrom::Origin
     }
 
     /// Counts a failed request to `member`, and marks the member suspect if it is to blame.
@@ -287,12 +287,12 @@ impl PeerTier {
     }
 }
 
-/// Where a directory's listing comes from.
+/// Where a listing, a stat or a tree comes from.
 #[derive(Debug)]
-pub enum ListingFrom {
+pub enum MetaFrom {
     Peer(Listed),
-    /// This node owns the directory: it lists it through its own [`super::meta::MetaCache`],
-    /// which the members' asks share.
+    /// This node owns the path: it asks the store through its own
+    /// [`super::meta::MetaCache`], which the members' asks share.
     Owner,
     Origin,
 }
@@ -308,9 +308,9 @@ impl Fetcher for PeerFetcher {
         let (tier, origin) = (self.tier.clone(), self.origin.clone());
         let req = ChunkRequest::new(key.clone(), self.size);
         async move {
-            // Chunks of objects first: image chunks go to peers in a later step.
-            if matches!(req.key.identity, Identity::Object { .. })
-                && tier.shares(&req.key.path)
+            // Only fetchers wrapped for the peer tier come here: an object's chunks, and a
+            // registry's segments, manifests and configs, which members fetch for each other.
+            if tier.shares(&req.key.path)
                 && let Some(bytes) = tier.ask_peers(&req).await
             {
                 return Ok(bytes);

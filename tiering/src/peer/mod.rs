@@ -19,7 +19,7 @@ mod tests;
 pub mod wire;
 
 pub use config::PeersConfig;
-pub use fetcher::{FailoverOptions, ListingFrom, PeerTier, SelfName};
+pub use fetcher::{FailoverOptions, MetaFrom, PeerTier, SelfName};
 pub use members::{Member, MemberSource, Members, MembersError, Membership};
 pub use placement::{owner_score, rank};
 
@@ -54,9 +54,9 @@ pub struct PeerMetrics {
     pub refused: Counter,
     /// Members suspect here now.
     pub suspects: Gauge,
-    /// Directory listings this node got from their owners.
+    /// Listings, stats and trees this node got from their owners.
     pub listings_received: Counter,
-    /// Directory listings this node served to members as their owner.
+    /// Listings, stats and trees this node served to members as their owner.
     pub listings_served: Counter,
 }
 
@@ -101,12 +101,12 @@ impl PeerMetrics {
         r.register("strata_peer_suspect_members", "Members suspect on this node", self.suspects.clone());
         r.register(
             "strata_peer_listings_received",
-            "Directory listings this node got from their owners",
+            "Metadata answers (listings, stats, trees) this node got from their owners",
             self.listings_received.clone(),
         );
         r.register(
             "strata_peer_listings_served",
-            "Directory listings this node served to members as their owner",
+            "Metadata answers (listings, stats, trees) this node served to members as their owner",
             self.listings_served.clone(),
         );
     }

@@ -96,7 +96,7 @@ impl std::fmt::Debug for ServeState {
 pub fn router(state: ServeState) -> axum::Router {
     axum::Router::new()
         .route(CHUNK_PATH, axum::routing::get(chunk))
-        .route(META_PATH, axum::routing::get(listing))
+        .route(META_PATH, axum::routing::get(meta))
         .with_state(state)
 }
 
@@ -119,9 +119,9 @@ fn unsigned(s: &ServeState, uri: &Uri, headers: &HeaderMap) -> Option<Response> 
     Some((StatusCode::UNAUTHORIZED, e.to_string()).into_response())
 }
 
-/// A directory's listing, for a member that asks this node as the directory's owner. The
-/// answer starts at once, as a chunk's does; the listing, or why it failed, follows.
-async fn listing(State(s): State<ServeState>, uri: Uri, headers: HeaderMap) -> Response {
+/// A listing, stat or tree, for a member that asks this node as the path's owner. The answer
+/// starts at once, as a chunk's does; what the store said, or why it failed, follows.
+async fn meta(State(s): State<ServeState>, uri: Uri, headers: HeaderMap) -> Response {
     if let Some(refused) = unsigned(&s, &uri, &headers) {
         return refused;
     }
@@ -129,17 +129,14 @@ async fn listing(State(s): State<ServeState>, uri: Uri, headers: HeaderMap) -> R
         Ok(r) => r,
         Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),
     };
-    if s.not_shared.iter().any(|p| p.matches(&format!("{}/", req.dir))) {
+    if s.not_shared.iter().any(|p| p.matches(&req.shared_as())) {
         return (StatusCode::NOT_FOUND, "this path is not shared with peers").into_response();
     }
     let Some((source, meta)) = s.listings.clone() else {
         return (StatusCode::NOT_FOUND, "this node lists no store for peers").into_response();
     };
     let served = s.metrics.listings_served.clone();
-    let listed = async move {
-        let max_age = std::time::Duration::from_millis(req.max_age_ms);
-        meta.list(&source, &req.dir, max_age).await
-    };
+    let listed = async move { meta.answer(&source, &req).await };
     let frames = futures::stream::once(listed).flat_map(move |got| match got {
         Ok(l) => {
             served.inc();
