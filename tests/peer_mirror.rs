@@ -21,6 +21,8 @@ const MIRROR_PORT: u16 = 5050;
 /// Where the daemons reach the test registry, and the one behind a login: relays on the bridge.
 const REGISTRY_VIA: &str = "198.18.0.1:5001";
 const PRIVATE_VIA: &str = "198.18.0.1:5002";
+/// The mirrors' access TTL: a tag is resolved once per period of it for the cluster.
+const TAG_TTL_SECS: u64 = 3600;
 
 fn nodes(net: &Net, routes: &[(String, String)]) -> (Vec<ImageNode>, tempfile::TempDir) {
     let shared = tempfile::tempdir().unwrap();
@@ -28,7 +30,8 @@ fn nodes(net: &Net, routes: &[(String, String)]) -> (Vec<ImageNode>, tempfile::T
     std::fs::write(&secret, format!("{}\n", sha(b"this cluster's peer secret"))).unwrap();
     let nodes = (0..NODES)
         .map(|i| {
-            let mirror = format!("[mirror]\nlisten = \"{}:{MIRROR_PORT}\"\n", Net::addr(i));
+            let mirror =
+                format!("[mirror]\nlisten = \"{}:{MIRROR_PORT}\"\naccess_ttl = \"{TAG_TTL_SECS}s\"\n", Net::addr(i));
             ImageNode::start_with(i, NODES, net, &secret, routes, &mirror)
         })
         .collect();
@@ -40,7 +43,7 @@ fn hosts_dir(dir: &Path, i: usize, upstream: &str) -> PathBuf {
     let d = dir.join(format!("hosts-{i}"));
     std::fs::create_dir_all(d.join(upstream)).unwrap();
     let toml = format!(
-        "server = \"http://{upstream}\"\n[host.\"http://{}:{MIRROR_PORT}\"]\n  capabilities = [\"pull\"]\n",
+        "server = \"http://{upstream}\"\n[host.\"http://{}:{MIRROR_PORT}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
         Net::addr(i)
     );
     std::fs::write(d.join(upstream).join("hosts.toml"), toml).unwrap();
@@ -114,6 +117,9 @@ fn three_nodes_pull_one_image_through_their_mirrors_and_the_registry_serves_each
     let (nodes, dir) = nodes(&net, &[(registry(), REGISTRY_VIA.to_owned())]);
     let image = format!("{}/strata/busybox:1", registry());
     let mark = registry_log().len();
+    let period =
+        || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() / TAG_TTL_SECS;
+    let first_period = period();
     std::thread::scope(|s| {
         for (i, n) in nodes.iter().enumerate() {
             let (image, hosts) = (&image, hosts_dir(dir.path(), i, &registry()));
@@ -131,6 +137,16 @@ fn three_nodes_pull_one_image_through_their_mirrors_and_the_registry_serves_each
             });
         }
     });
+    // The tag was resolved at the registry once for the three nodes (twice, had a TTL period
+    // ended during the pulls), by its owner.
+    let periods = (period() - first_period + 1) as usize;
+    // Counted before this test asks for the tag itself.
+    let tag_asks = registry_log()[mark..]
+        .lines()
+        .filter(|l| l.contains("/v2/strata/busybox/manifests/1 ") && (l.contains("\"HEAD ") || l.contains("\"GET ")))
+        .count();
+    assert!(tag_asks <= periods, "the registry resolved the tag {tag_asks} times for three nodes");
+    assert!(tag_asks >= 1, "no request for the tag in the registry's log: the count above cannot be trusted");
     // containerd checks each blob against its digest; the registry sent each about once.
     let blobs = blobs("strata/busybox", "1");
     for (digest, size) in &blobs {

@@ -31,6 +31,8 @@ pub struct MirrorState {
     pub peers: Option<Arc<PeerBlobs>>,
     /// Access the registry granted, by client authorization and object.
     access: moka::sync::Cache<AccessKey, Granted>,
+    /// How long access is remembered, and a tag's resolution trusted.
+    access_ttl: Duration,
     pub metrics: strata_tiering::metrics::Metrics,
 }
 
@@ -60,7 +62,7 @@ impl MirrorState {
         metrics: strata_tiering::metrics::Metrics,
     ) -> MirrorState {
         let access = moka::sync::Cache::builder().max_capacity(100_000).time_to_live(access_ttl).build();
-        MirrorState { registry, peers, access, metrics }
+        MirrorState { registry, peers, access, access_ttl, metrics }
     }
 }
 
@@ -80,12 +82,14 @@ pub async fn serve(
     axum::serve(listener, router(state)).with_graceful_shutdown(stop).await
 }
 
-/// An object the mirror serves: `<name>/blobs/<digest>` or `<name>/manifests/<digest>`.
+/// An object the mirror serves: `<name>/blobs/<digest>`, `<name>/manifests/<digest>` or
+/// `<name>/manifests/<tag>` (`by_tag`, with the tag in `digest` until it is resolved).
 #[derive(Debug, PartialEq, Eq)]
 struct Object {
     repository: String,
     kind: Kind,
     digest: String,
+    by_tag: bool,
 }
 
 #[derive(Debug, PartialEq, Eq, Clone, Copy)]
@@ -105,21 +109,21 @@ fn parse_object(path: &str) -> Result<Object, (StatusCode, String)> {
     if repository.is_empty() || repository.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
         return Err((StatusCode::BAD_REQUEST, format!("{repository:?} is not a repository name")));
     }
+    let (repository, digest) = (repository.to_owned(), reference.to_owned());
+    if kind == Kind::Manifest && crate::peer_blobs::is_tag(reference) {
+        return Ok(Object { repository, kind, digest, by_tag: true });
+    }
     let hex = reference.strip_prefix("sha256:").unwrap_or_default();
     if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
-        // A tag is for the registry itself to resolve: containerd asks a pull-only mirror for
-        // digests alone, and a 404 sends any other client to the next host.
-        return Err((
-            StatusCode::NOT_FOUND,
-            format!("{reference:?} is not a sha256 digest; the mirror serves by digest"),
-        ));
+        // A 404 sends the client to the next host.
+        return Err((StatusCode::NOT_FOUND, format!("{reference:?} is neither a sha256 digest nor a manifest's tag")));
     }
-    Ok(Object { repository: repository.to_owned(), kind, digest: reference.to_owned() })
+    Ok(Object { repository, kind, digest, by_tag: false })
 }
 
 async fn object(State(s): State<MirrorState>, method: Method, uri: Uri, headers: HeaderMap) -> Response {
     let path = uri.path().strip_prefix("/v2/").unwrap_or_default();
-    let o = match parse_object(path) {
+    let mut o = match parse_object(path) {
         Ok(o) => o,
         Err((status, why)) => return (status, why).into_response(),
     };
@@ -134,11 +138,31 @@ async fn object(State(s): State<MirrorState>, method: Method, uri: Uri, headers:
             .into_response();
     };
     let image = ImageRef { host: host.clone(), repository: o.repository.clone(), tag: None, digest: None };
+    let authorization = headers.get(header::AUTHORIZATION);
+    if o.by_tag {
+        // A tag is resolved by its owner once per access TTL for the cluster; the client's
+        // access is then checked on the manifest it names, as for a pull by digest.
+        let resolved = match s.peers.as_ref().filter(|p| p.shares(&image)) {
+            Some(peers) => peers.resolve(&s.registry, &image, &o.digest, s.access_ttl).await,
+            None => {
+                return (StatusCode::NOT_FOUND, "this mirror resolves tags through the peer tier, which it has not")
+                    .into_response();
+            }
+        };
+        match resolved {
+            Ok(digest) => o.digest = digest,
+            Err(e) => {
+                tracing::info!(image = %image, tag = %o.digest, error = %e, "the peer tier could not resolve a tag; passing it on to the registry");
+                let (sub, range, accept) =
+                    (format!("/manifests/{}", o.digest), headers.get(header::RANGE), headers.get(header::ACCEPT));
+                return pass_on(&s, &image, &sub, method, authorization, range, accept).await;
+            }
+        }
+    }
     let sub = match o.kind {
         Kind::Blob => format!("/blobs/{}", o.digest),
         Kind::Manifest => format!("/manifests/{}", o.digest),
     };
-    let authorization = headers.get(header::AUTHORIZATION);
     let granted = match access(&s, &image, &sub, authorization, headers.get(header::ACCEPT)).await {
         Ok(g) => g,
         Err(refusal) => return refusal,
@@ -194,7 +218,7 @@ async fn object(State(s): State<MirrorState>, method: Method, uri: Uri, headers:
             }
         }
     }
-    pass_on(&s, &image, &sub, authorization, headers.get(header::RANGE), headers.get(header::ACCEPT)).await
+    pass_on(&s, &image, &sub, method, authorization, headers.get(header::RANGE), headers.get(header::ACCEPT)).await
 }
 
 /// What the registry says of the client reading `sub` of `image`: what it granted, remembered
@@ -315,18 +339,20 @@ async fn pass_on(
     s: &MirrorState,
     image: &ImageRef,
     sub: &str,
+    method: Method,
     authorization: Option<&HeaderValue>,
     range: Option<&HeaderValue>,
     accept: Option<&HeaderValue>,
 ) -> Response {
     // The client's Accept too: a manifest's bytes, and so its digest, depend on its media type.
-    let resp = match s.registry.pass_on_with(image, sub, Method::GET, authorization, range, accept).await {
+    let resp = match s.registry.pass_on_with(image, sub, method, authorization, range, accept).await {
         Ok(r) => r,
         Err(e) => return (StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
     };
     let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let mut headers = HeaderMap::new();
-    for name in [header::CONTENT_TYPE, header::CONTENT_LENGTH, header::CONTENT_RANGE, header::WWW_AUTHENTICATE] {
+    let names = [header::CONTENT_TYPE, header::CONTENT_LENGTH, header::CONTENT_RANGE, header::WWW_AUTHENTICATE];
+    for name in names.into_iter().chain([header::HeaderName::from_static("docker-content-digest")]) {
         if let Some(v) = resp.headers().get(&name) {
             headers.insert(name, v.clone());
         }
@@ -368,9 +394,12 @@ mod tests {
         let d = format!("sha256:{}", "0a".repeat(32));
         let o = parse_object(&format!("library/busybox/blobs/{d}")).unwrap();
         assert_eq!((o.repository.as_str(), o.kind, o.digest.as_str()), ("library/busybox", Kind::Blob, d.as_str()));
+        assert!(!o.by_tag);
         assert_eq!(parse_object(&format!("a/manifests/{d}")).unwrap().kind, Kind::Manifest);
+        assert!(parse_object("library/busybox/manifests/1.36").unwrap().by_tag, "a manifest by tag");
         for (path, status) in [
-            ("library/busybox/manifests/latest", StatusCode::NOT_FOUND),
+            ("library/busybox/blobs/latest", StatusCode::NOT_FOUND),
+            ("library/busybox/manifests/-x", StatusCode::NOT_FOUND),
             ("library/busybox/blobs/sha256:ABC", StatusCode::NOT_FOUND),
             ("library/busybox/tags/list", StatusCode::NOT_FOUND),
         ] {

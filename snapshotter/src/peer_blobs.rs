@@ -6,7 +6,9 @@
 //!
 //! A manifest, and a small blob (a config), is one chunk keyed by its digest: under the
 //! repository's path, with `@manifests` after it for a manifest (no repository name holds an
-//! `@`).
+//! `@`). A tag's digest is a chunk of `@tags/<tag>`, versioned by the TTL period it was
+//! resolved in, so that the cluster asks the registry for a tag once per period; what it names
+//! is then read by digest, and checked against it.
 //!
 //! What keeps it safe:
 //! - a node asks the registry for a layer's size (a HEAD, with its own logins) before it asks
@@ -38,6 +40,10 @@ const AHEAD: usize = 4 << 20;
 
 /// What follows a repository's path in the path of its manifests.
 const MANIFESTS: &str = "@manifests";
+/// What follows a repository's path in the path of a tag.
+const TAGS: &str = "@tags/";
+/// The length of a `sha256:` digest: a tag's chunk.
+const DIGEST_LEN: u64 = 71;
 
 /// The path of `image`'s segments.
 pub fn segment_path(image: &ImageRef) -> String {
@@ -148,8 +154,41 @@ impl PeerBlobs {
         })
     }
 
+    /// The digest `tag` of `image` names, as resolved by the tag's owner (or this node) at most
+    /// once in each `ttl` period for the cluster.
+    pub async fn resolve(
+        &self,
+        registry: &Arc<Registry>,
+        image: &ImageRef,
+        tag: &str,
+        ttl: std::time::Duration,
+    ) -> Result<String, RegistryError> {
+        let bad = |reason: String| RegistryError::Manifest { reference: format!("{image}:{tag}"), reason };
+        if !is_tag(tag) {
+            return Err(bad("not a tag".into()));
+        }
+        let secs = ttl.as_secs().max(1);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+        let key = ChunkKey::object(
+            format!("{}{TAGS}{tag}", segment_path(image)),
+            format!("period-{secs}s-{}", now / secs),
+            0,
+            DIGEST_LEN,
+        );
+        let origin: Arc<dyn Fetcher> =
+            Arc::new(TagFetcher { registry: registry.clone(), image: image.clone(), tag: tag.to_owned() });
+        let got = self.cache.get(&key, self.tier.wrap(origin, DIGEST_LEN), GetOptions::default()).await;
+        let got = got.map_err(|e| bad(format!("through the peer tier: {e}")))?;
+        let digest = String::from_utf8_lossy(&got).into_owned();
+        if !crate::estargz::is_sha256_digest(&digest) {
+            return Err(bad(format!("resolved to {digest:?}, not a sha256 digest")));
+        }
+        Ok(digest)
+    }
+
     /// The config of `image`'s manifest `manifest` (a digest; an index is resolved to this
-    /// platform's manifest), each object read through [`PeerBlobs::whole`].
+    /// platform's manifest), each object read through [`PeerBlobs::whole`] once the registry
+    /// has let this node's logins HEAD the manifest.
     pub async fn config(
         &self,
         registry: &Arc<Registry>,
@@ -157,6 +196,7 @@ impl PeerBlobs {
         manifest: &str,
     ) -> Result<Bytes, RegistryError> {
         use crate::registry::client::{Decoded, check_config_ref, decode_manifest};
+        registry.may_read_manifest(image, manifest).await?;
         let mut digest = manifest.to_owned();
         for _ in 0..2 {
             let body = self.whole(registry, image, Whole::Manifest, &digest, 0).await?;
@@ -241,6 +281,30 @@ impl Fetcher for WholeFetcher {
     }
 }
 
+/// Whether `t` is a tag as the distribution spec has them.
+pub fn is_tag(t: &str) -> bool {
+    let ok = |c: u8| c.is_ascii_alphanumeric() || b"._-".contains(&c);
+    !t.is_empty() && t.len() <= 128 && !t.starts_with(['.', '-']) && t.bytes().all(ok)
+}
+
+/// A tag's digest, from the registry.
+struct TagFetcher {
+    registry: Arc<Registry>,
+    image: ImageRef,
+    tag: String,
+}
+
+impl Fetcher for TagFetcher {
+    fn fetch(&self, _key: &ChunkKey) -> BoxFuture<'static, Result<Bytes, FetchError>> {
+        let (registry, image, tag) = (self.registry.clone(), self.image.clone(), self.tag.clone());
+        async move {
+            let digest = registry.resolve_tag(&image, &tag).await.map_err(|e| Arc::new(e) as FetchError)?;
+            Ok(Bytes::from(digest))
+        }
+        .boxed()
+    }
+}
+
 /// The peer port's origin for blob segments: this node's registry client, with its own logins.
 /// A node that cannot pull the image answers that it cannot, and the asker pulls it itself.
 #[derive(Debug)]
@@ -265,6 +329,13 @@ impl Origin for RegistryOrigin {
         let Identity::Object { version, chunk_size, .. } = &req.key.identity else {
             return Err("only segments of blobs, manifests and configs are served from the registry".into());
         };
+        if let Some((repository, tag)) = req.key.path.split_once(TAGS) {
+            if !is_tag(tag) || req.size != DIGEST_LEN || *chunk_size != DIGEST_LEN {
+                return Err(format!("{tag:?} is not a tag, or its chunk is not one digest"));
+            }
+            let (registry, image) = (self.registry.clone(), image_of(repository)?);
+            return Ok(Arc::new(TagFetcher { registry, image, tag: tag.to_owned() }));
+        }
         if *chunk_size != SEGMENT {
             return Err(format!("segments of {chunk_size} bytes, where this node cuts {SEGMENT}"));
         }
@@ -305,6 +376,11 @@ mod tests {
         assert!(origin.fetcher(&ChunkRequest::new(ChunkKey::digest(&path, &blob), 1000)).is_ok(), "a config");
         let manifests = format!("{path}{MANIFESTS}");
         assert!(origin.fetcher(&ChunkRequest::new(ChunkKey::digest(&manifests, &blob), 0)).is_ok(), "a manifest");
+        let tag = |t: &str| ChunkRequest::new(ChunkKey::object(format!("{path}{TAGS}{t}"), "period-60s-1", 0, 71), 71);
+        assert!(origin.fetcher(&tag("v1.2_rc-3")).is_ok(), "a tag");
+        for t in ["../x", "-x", "a/b", ""] {
+            assert!(origin.fetcher(&tag(t)).is_err(), "{t:?} is no tag");
+        }
         for (r, why) in [
             (req(&path, &blob, 3, 3 * SEGMENT, SEGMENT), "past the end"),
             (req(&path, &blob, 0, SEGMENT, 4 << 20), "segments of 4194304 bytes"),

@@ -366,6 +366,25 @@ impl Registry {
         Ok((body, digest))
     }
 
+    /// Whether this node's logins may read manifest `digest` of `image`'s repository: a HEAD,
+    /// before its bytes are taken from peers.
+    pub async fn may_read_manifest(&self, image: &ImageRef, digest: &str) -> Result<(), RegistryError> {
+        let accept = |r: reqwest::RequestBuilder| r.header(ACCEPT, MANIFEST_TYPES);
+        self.send(image, &format!("/manifests/{digest}"), Method::HEAD, accept, Need::Pull).await.map(drop)
+    }
+
+    /// The digest tag `tag` of `image`'s repository names now: from a HEAD's
+    /// `Docker-Content-Digest`, else from the manifest's bytes.
+    pub async fn resolve_tag(&self, image: &ImageRef, tag: &str) -> Result<String, RegistryError> {
+        let accept = |r: reqwest::RequestBuilder| r.header(ACCEPT, MANIFEST_TYPES);
+        let resp = self.send(image, &format!("/manifests/{tag}"), Method::HEAD, accept, Need::Resolve).await?;
+        let said = resp.headers().get("docker-content-digest").and_then(|v| v.to_str().ok());
+        match said.filter(|d| crate::estargz::is_sha256_digest(d)) {
+            Some(d) => Ok(d.to_owned()),
+            None => Ok(self.manifest_bytes(image, tag).await?.1),
+        }
+    }
+
     /// The size of blob `digest` of `image`'s repository.
     pub async fn blob_size(&self, image: &ImageRef, digest: &str) -> Result<u64, RegistryError> {
         let resp = self.send(image, &format!("/blobs/{digest}"), Method::HEAD, |r| r, Need::Pull).await?;
