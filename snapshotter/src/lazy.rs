@@ -615,12 +615,25 @@ impl Lazy {
             return read.clone();
         }
         let (registry, image, manifest) = (self.registry.clone(), image.clone(), manifest.map(str::to_owned));
-        // With the manifest's digest, its bytes and the config's come through the peer tier.
-        let peers = self.opts.peers.clone().filter(|p| manifest.is_some() && p.shares(&image));
+        // Through the peer tier, the manifest's bytes and the config's come from their owners,
+        // and a tag is resolved once per period for the cluster.
+        let peers = self.opts.peers.clone().filter(|p| p.shares(&image));
         let read = async move {
-            let config = match (&peers, &manifest) {
-                (Some(peers), Some(m)) => peers.config(&registry, &image, m).await,
-                _ => registry.config(&image, manifest.as_deref()).await,
+            let config = match &peers {
+                Some(peers) => {
+                    let digest = match (&manifest, &image.digest) {
+                        (Some(d), _) | (None, Some(d)) => Ok(d.clone()),
+                        (None, None) => {
+                            let period = crate::peer_blobs::TAG_PERIOD;
+                            peers.resolve(&registry, &image, image.object(), period).await
+                        }
+                    };
+                    match digest {
+                        Ok(d) => peers.config(&registry, &image, &d).await,
+                        Err(e) => Err(e),
+                    }
+                }
+                None => registry.config(&image, manifest.as_deref()).await,
             };
             match config {
                 Ok(config) => Arc::new(crate::command::program_paths(&config)),

@@ -42,6 +42,9 @@ const AHEAD: usize = 4 << 20;
 const MANIFESTS: &str = "@manifests";
 /// What follows a repository's path in the path of a tag.
 const TAGS: &str = "@tags/";
+/// How long the snapshotter trusts a tag's digest, the periods it resolves tags in: the
+/// mirror's default `access_ttl`, so that both share one resolution.
+pub const TAG_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
 /// The length of a `sha256:` digest: a tag's chunk.
 const DIGEST_LEN: u64 = 71;
 

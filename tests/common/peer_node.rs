@@ -68,7 +68,25 @@ impl ImageNode {
 
     /// Pulls `image` lazily and runs `script` with sh in a container of it: what it printed.
     pub fn start_container(&self, image: &str, name: &str, script: &str) -> String {
-        let out = self.containerd.ctr_remote(&["image", "rpull", "--plain-http", "--snapshotter", "strata", image]);
+        self.start_container_via(image, name, script, None)
+    }
+
+    /// As [`ImageNode::start_container`], with containerd's hosts.toml files in `hosts` (a
+    /// mirror) when given.
+    pub fn start_container_via(
+        &self,
+        image: &str,
+        name: &str,
+        script: &str,
+        hosts: Option<&std::path::Path>,
+    ) -> String {
+        let mut args = vec!["image".to_owned(), "rpull".into(), "--plain-http".into(), "--snapshotter".into()];
+        args.push("strata".into());
+        if let Some(h) = hosts {
+            args.extend(["--hosts-dir".into(), h.display().to_string()]);
+        }
+        args.push(image.to_owned());
+        let out = self.containerd.ctr_remote(&args.iter().map(String::as_str).collect::<Vec<_>>());
         let log = self.daemon.log();
         assert!(out.status.success(), "rpull {image}: {}\n{log}", String::from_utf8_lossy(&out.stderr));
         self.containerd.run_captured("strata", image, name, script, &log)

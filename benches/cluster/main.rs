@@ -15,12 +15,17 @@
 //! own (origin bytes: what the daemons fetched from it until every layer was whole on every
 //! node; time: until every container printed its line); (d) every node restores the same
 //! checkpoint (8 files, read at once); (m) every node pulls the same plain image onto overlayfs
-//! through its own registry mirror (`[mirror]`), and runs it. Writes the table to
-//! `target/cluster.md` too.
+//! through its own registry mirror (`[mirror]`), and runs it; (j) a job start over a dataset
+//! of many small objects ([`job_start`]). For (c) and (m), what the registry was asked, from its
+//! log ([`registry_counts`]). `STRATA_BENCH_WORKLOADS` ("a b c m d j") picks the workloads.
+//! Writes the tables to `target/cluster.md` too.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../../tests/common/mod.rs"]
 #[allow(unused_imports)]
 mod common;
+mod job_start;
+mod origin_log;
+mod registry_counts;
 
 use common::containerd::registry;
 use common::netns::{Back, Net, relay};
@@ -72,11 +77,12 @@ struct File {
 }
 
 fn node(i: usize, n: usize, net: &Net, s: &Setup) -> Daemon {
-    node_with_liar(i, n, net, s, None)
+    node_with(i, n, net, s, None, "")
 }
 
-/// Node `i` of `n`; the others reach node `liar`, if one is named, through [`LIAR_VIA`].
-fn node_with_liar(i: usize, n: usize, net: &Net, s: &Setup, liar: Option<usize>) -> Daemon {
+/// Node `i` of `n`, with `extra` at the end of its config; the others reach node `liar`, if
+/// one is named, through [`LIAR_VIA`].
+fn node_with(i: usize, n: usize, net: &Net, s: &Setup, liar: Option<usize>, extra: &str) -> Daemon {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("admin.sock");
     let config = dir.path().join("config.toml");
@@ -88,7 +94,7 @@ fn node_with_liar(i: usize, n: usize, net: &Net, s: &Setup, liar: Option<usize>)
          [cold]\nkind = \"s3\"\nbucket = \"{bucket}\"\nendpoint = \"http://198.18.0.1:{port}\"\nregion = \"us-east-1\"\n\
          allow_http = true\nchunk_size = \"4MiB\"\n\
          [peers]\nmembers = [{members}]\nlisten = \"{addr}:{PEER_PORT}\"\nadvertise = \"{me}\"\n\
-         secret_file = \"{secret}\"\n",
+         secret_file = \"{secret}\"\n{extra}",
         state = dir.path().join("state").display(),
         sock = socket.display(),
         bucket = s.rgw.bucket,
@@ -199,18 +205,43 @@ fn run(
     Row { workload, n, unique, origin, secs, peer_ratio }
 }
 
-/// Workload (c) on `n` fresh nodes, each with a containerd of its own: every node pulls and
-/// starts [`IMAGE`] at once, and then fetches its layers whole in the background.
-fn images(s: &Setup, net: &Net, n: usize) -> Row {
+/// Node `i` of `n` for (c) and (m), with a registry mirror.
+fn mirror_node(i: usize, n: usize, net: &Net, s: &Setup) -> ImageNode {
+    let routes = [(registry(), REGISTRY_VIA.to_owned())];
+    let mirror = format!("[mirror]\nlisten = \"{}:{MIRROR_PORT}\"\n", Net::addr(i));
+    ImageNode::start_with(i, n, net, &s.secret, &routes, &mirror)
+}
+
+/// A containerd hosts dir for node `i`, under `root`: the registry, with the node's mirror
+/// before it for pulls and tags.
+fn mirror_hosts(root: &std::path::Path, i: usize) -> std::path::PathBuf {
+    let d = root.join(format!("node-{i}"));
+    let upstream = d.join(registry());
+    std::fs::create_dir_all(&upstream).unwrap();
+    let toml = format!(
+        "server = \"http://{}\"\n[host.\"http://{}:{MIRROR_PORT}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+        registry(),
+        Net::addr(i)
+    );
+    std::fs::write(upstream.join("hosts.toml"), toml).unwrap();
+    d
+}
+
+/// Workload (c) on `n` fresh nodes, each with a containerd of its own and its node's mirror:
+/// every node pulls and starts [`IMAGE`] at once, and then fetches its layers whole in the
+/// background.
+fn images(s: &Setup, net: &Net, n: usize) -> (Row, registry_counts::Counts) {
     let image = format!("{}/{IMAGE}", registry());
-    let nodes: Vec<ImageNode> = (0..n).map(|i| ImageNode::start(i, n, net, &s.secret, REGISTRY_VIA)).collect();
+    let nodes: Vec<ImageNode> = (0..n).map(|i| mirror_node(i, n, net, s)).collect();
+    let hosts = tempfile::tempdir().unwrap();
+    let mark = origin_log::Mark::now("STRATA_TEST_REGISTRY_LOG");
     let before = s.registry_sent.load(Ordering::Relaxed);
     let start = Instant::now();
     std::thread::scope(|sc| {
         for (i, node) in nodes.iter().enumerate() {
-            let image = &image;
+            let (image, hosts) = (&image, mirror_hosts(hosts.path(), i));
             sc.spawn(move || {
-                let out = node.start_container(image, &format!("start-{i}"), IMAGE_SCRIPT);
+                let out = node.start_container_via(image, &format!("start-{i}"), IMAGE_SCRIPT, Some(&hosts));
                 assert_eq!(out, "1\n", "node {i}'s container\n{}", node.daemon.log());
             });
         }
@@ -245,35 +276,30 @@ fn images(s: &Setup, net: &Net, n: usize) -> Row {
         per_node.iter().sum::<f64>() / per_node.len() as f64
     });
     eprintln!("cluster: (c) N={n}: {secs:.1} s to every start, origin {origin} B of {unique} unique");
-    Row { workload: "c", n, unique, origin, secs, peer_ratio }
+    let layers: Vec<(String, u64)> = reports[0]
+        .0
+        .iter()
+        .map(|l| (l["layer"].as_str().unwrap().to_owned(), l["blob_size"].as_u64().unwrap()))
+        .collect();
+    let counts = registry_counts::count("c", n, &mark, IMAGE.split(':').next().unwrap(), &layers);
+    (Row { workload: "c", n, unique, origin, secs, peer_ratio }, counts)
 }
 
 /// Workload (m) on `n` fresh nodes: every node's containerd pulls [`PLAIN_IMAGE`] onto
 /// overlayfs with its node's mirror in its hosts.toml, and runs it.
-fn mirrored(s: &Setup, net: &Net, n: usize) -> Row {
+fn mirrored(s: &Setup, net: &Net, n: usize) -> (Row, registry_counts::Counts) {
     let (repo, tag) = PLAIN_IMAGE;
     let image = format!("{}/{repo}:{tag}", registry());
-    let routes = [(registry(), REGISTRY_VIA.to_owned())];
-    let nodes: Vec<ImageNode> = (0..n)
-        .map(|i| {
-            let mirror = format!("[mirror]\nlisten = \"{}:{MIRROR_PORT}\"\n", Net::addr(i));
-            ImageNode::start_with(i, n, net, &s.secret, &routes, &mirror)
-        })
-        .collect();
+    let nodes: Vec<ImageNode> = (0..n).map(|i| mirror_node(i, n, net, s)).collect();
     let hosts = tempfile::tempdir().unwrap();
+    // Read before the mark: this bench's own requests for the tag are not counted.
+    let blobs = image_blobs(repo, tag);
+    let mark = origin_log::Mark::now("STRATA_TEST_REGISTRY_LOG");
     let before = s.registry_sent.load(Ordering::Relaxed);
     let start = Instant::now();
     std::thread::scope(|sc| {
         for (i, node) in nodes.iter().enumerate() {
-            let d = hosts.path().join(format!("node-{i}"));
-            let upstream = d.join(registry());
-            std::fs::create_dir_all(&upstream).unwrap();
-            let toml = format!(
-                "server = \"http://{}\"\n[host.\"http://{}:{MIRROR_PORT}\"]\n  capabilities = [\"pull\"]\n",
-                registry(),
-                Net::addr(i)
-            );
-            std::fs::write(upstream.join("hosts.toml"), toml).unwrap();
+            let d = mirror_hosts(hosts.path(), i);
             let image = &image;
             sc.spawn(move || {
                 let dir = d.display().to_string();
@@ -292,7 +318,8 @@ fn mirrored(s: &Setup, net: &Net, n: usize) -> Row {
     });
     let secs = start.elapsed().as_secs_f64();
     let origin = s.registry_sent.load(Ordering::Relaxed) - before;
-    let unique = image_bytes(repo, tag);
+    let counts = registry_counts::count("m", n, &mark, repo, &blobs[1..]);
+    let unique: u64 = blobs.iter().map(|(_, size)| size).sum();
     let peer_ratio = (n > 1).then(|| {
         let per_node: Vec<f64> = nodes
             .iter()
@@ -302,18 +329,21 @@ fn mirrored(s: &Setup, net: &Net, n: usize) -> Row {
         per_node.iter().sum::<f64>() / per_node.len() as f64
     });
     eprintln!("cluster: (m) N={n}: {secs:.1} s to every pull and run, origin {origin} B of {unique} unique");
-    Row { workload: "m", n, unique, origin, secs, peer_ratio }
+    (Row { workload: "m", n, unique, origin, secs, peer_ratio }, counts)
 }
 
-/// The bytes of `repo:tag`'s blobs (its config and layers), from its manifest.
-fn image_bytes(repo: &str, tag: &str) -> u64 {
+/// `repo:tag`'s config, then its layers: digest and size, from its manifest.
+fn image_blobs(repo: &str, tag: &str) -> Vec<(String, u64)> {
     let url = format!("http://{}/v2/{repo}/manifests/{tag}", registry());
     let accept =
         "Accept: application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json";
     let out = Command::new("curl").args(["-fsS", "-H", accept, &url]).output().unwrap();
     let m: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let layers = m["layers"].as_array().unwrap().iter();
-    std::iter::once(&m["config"]).chain(layers).map(|l| l["size"].as_u64().unwrap()).sum()
+    std::iter::once(&m["config"])
+        .chain(layers)
+        .map(|l| (l["digest"].as_str().unwrap().to_owned(), l["size"].as_u64().unwrap()))
+        .collect()
 }
 
 fn put_files(s: &Setup, prefix: &str, name: &str, count: usize, size: usize, seed: u64) -> Vec<File> {
@@ -381,30 +411,56 @@ fn main() {
     let s = Setup { rgw, origin_port, origin_sent, registry_sent, veth_bits: veth_mbit * 1e6, secret };
     let prefix = unique_prefix("cluster");
     let shard = (mib << 20) / SHARDS;
-    let a = put_files(&s, &prefix, "dataset-a", SHARDS, shard, 1000);
-    let b = put_files(&s, &prefix, "dataset-b", SHARDS, shard, 2000);
-    let d = put_files(&s, &prefix, "checkpoint", CHECKPOINT_FILES, (mib << 20) / CHECKPOINT_FILES, 3000);
-    let mut rows = Vec::new();
+    let workloads = std::env::var("STRATA_BENCH_WORKLOADS").unwrap_or_else(|_| "a b c m d j".into());
+    let on = |w: &str| workloads.split_whitespace().any(|x| x == w);
+    let put = |name, count, size, seed| if on(name) { put_files(&s, &prefix, name, count, size, seed) } else { vec![] };
+    let a = put("a", SHARDS, shard, 1000);
+    let b = put("b", SHARDS, shard, 2000);
+    let d = put("d", CHECKPOINT_FILES, (mib << 20) / CHECKPOINT_FILES, 3000);
+    let (objects, named): (usize, usize) =
+        (env_or("STRATA_BENCH_OBJECTS", 100_000), env_or("STRATA_BENCH_NAMED", 2000));
+    let job = on("j").then(|| job_start::put(&s, &prefix, objects, named));
+    let (mut rows, mut asked, mut jobs) = (Vec::new(), Vec::new(), Vec::new());
     for &n in &counts {
-        rows.push(run(&s, &net, "a", n, &a, |_, _| (0..SHARDS).collect()));
-        // Node i's share, then node i+1's: every shard is read twice, by two nodes, one epoch apart.
-        rows.push(run(&s, &net, "b", n, &b, |i, n| {
-            let share = |j: usize| (0..SHARDS).filter(move |k| k % n == j % n);
-            share(i).chain(if n > 1 { Some(share(i + 1)) } else { None }.into_iter().flatten()).collect()
-        }));
-        rows.push(images(&s, &net, n));
-        rows.push(mirrored(&s, &net, n));
-        rows.push(run(&s, &net, "d", n, &d, |_, _| (0..CHECKPOINT_FILES).collect()));
+        if on("a") {
+            rows.push(run(&s, &net, "a", n, &a, |_, _| (0..SHARDS).collect()));
+        }
+        if on("b") {
+            // Node i's share, then node i+1's: every shard is read twice, by two nodes, one epoch apart.
+            rows.push(run(&s, &net, "b", n, &b, |i, n| {
+                let share = |j: usize| (0..SHARDS).filter(move |k| k % n == j % n);
+                share(i).chain(if n > 1 { Some(share(i + 1)) } else { None }.into_iter().flatten()).collect()
+            }));
+        }
+        for (w, f) in [("c", images as fn(&Setup, &Net, usize) -> _), ("m", mirrored)] {
+            if on(w) {
+                let (row, counts) = f(&s, &net, n);
+                rows.push(row);
+                asked.push(counts);
+            }
+        }
+        if on("d") {
+            rows.push(run(&s, &net, "d", n, &d, |_, _| (0..CHECKPOINT_FILES).collect()));
+        }
+        if let Some(job) = &job {
+            jobs.push(job_start::run(&s, &net, n, job));
+        }
     }
-    let faults = faults(
-        &s,
-        &net,
-        counts.iter().copied().max().unwrap_or(1),
-        &put_files(&s, &prefix, "dataset-f", SHARDS, shard, 4000),
-    );
+    let faults = if on("a") {
+        let most = counts.iter().copied().max().unwrap_or(1);
+        faults(&s, &net, most, &put_files(&s, &prefix, "dataset-f", SHARDS, shard, 4000))
+    } else {
+        String::new()
+    };
     drop(net);
     let mut table = render(&rows, mib, origin_mbit, rtt_ms, veth_mbit);
     table += &faults;
+    if !asked.is_empty() {
+        table += &registry_counts::render(&asked);
+    }
+    if !jobs.is_empty() {
+        table += &job_start::render(&jobs, objects, named);
+    }
     println!("{table}");
     let _ = std::fs::write("target/cluster.md", &table);
     common::s3::delete_under(&s.rgw, &prefix);
@@ -442,7 +498,7 @@ fn faults(s: &Setup, net: &Net, n: usize, files: &[File]) -> String {
     let readers = n - 3;
     let liar = readers - 1;
     relay(LIAR_VIA, format!("{}:{PEER_PORT}", Net::addr(liar)), Back::CorruptWhen(Arc::new(true.into())));
-    let mut nodes: Vec<Daemon> = (0..n).map(|i| node_with_liar(i, n, net, s, Some(liar))).collect();
+    let mut nodes: Vec<Daemon> = (0..n).map(|i| node_with(i, n, net, s, Some(liar), "")).collect();
     let before = s.origin_sent.load(Ordering::Relaxed);
     let start = Instant::now();
     let (stopped, unlinked) = (nodes[n - 2].pid().unwrap(), net.host_veth(n - 1));
