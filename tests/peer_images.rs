@@ -4,11 +4,12 @@
 //! a round trip's delay, since the registry listens on loopback). What a platform team rolling
 //! an image out counts on: every container starts and prints its line; every chunk of every
 //! layer is checked and cached on every node; and the registry serves the layers' bytes about
-//! once for the cluster, as its own log shows, not once per node.
+//! once for the cluster, as its own log shows, not once per node, whether the layers are lazy
+//! or fetched whole.
 
 mod common;
 
-use common::containerd::{ranged_answers, registry, registry_log};
+use common::containerd::{ranged_answers, registry, registry_log, served};
 use common::netns::{Back, Net, relay};
 use common::peer_node::ImageNode;
 use common::sha;
@@ -97,4 +98,46 @@ fn three_nodes_start_one_lazy_image_at_once_and_the_registry_serves_its_layers_a
     let received: u64 = peers.iter().map(|p| p["received_bytes"].as_u64().unwrap()).sum();
     let size: u64 = reports[0].iter().map(|l| l["blob_size"].as_u64().unwrap()).sum();
     assert!(received >= size, "the nodes got {received} bytes from peers, of layers of {size}: {peers:#?}");
+}
+
+#[test]
+#[ignore = "needs root, network namespaces, containerd, ctr-remote and the test registry: run by .ci/run"]
+fn three_nodes_fetch_a_plain_images_layers_whole_through_the_peer_tier_about_once() {
+    let net = Net::new(NODES);
+    relay(REGISTRY_VIA, registry(), Back::delay(Duration::from_millis(20)));
+    for i in 0..NODES {
+        net.wait_reaches(i, REGISTRY_VIA);
+    }
+    let shared = tempfile::tempdir().unwrap();
+    let secret = shared.path().join("peer-secret");
+    std::fs::write(&secret, format!("{}\n", sha(b"this cluster's peer secret"))).unwrap();
+    let nodes: Vec<ImageNode> = (0..NODES).map(|i| ImageNode::start(i, NODES, &net, &secret, REGISTRY_VIA)).collect();
+    // Not eStargz: Strata fetches each layer whole, checks its digest and unpacks it.
+    let image = format!("{}/strata/busybox:1", registry());
+    let mark = registry_log().len();
+    let outputs: Vec<String> = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..NODES)
+            .map(|i| {
+                let (n, image) = (&nodes[i], &image);
+                s.spawn(move || n.start_container(image, &format!("whole-{i}"), "echo whole"))
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    assert!(outputs.iter().all(|o| o == "whole\n"), "{outputs:?}");
+    let report = nodes[0].layers();
+    assert!(!report.is_empty() && report.iter().all(|l| l["how"] == "whole"), "{report:#?}");
+    for l in &report {
+        let digest = l["layer"].as_str().unwrap();
+        let size = l["blob_size"].as_u64().unwrap();
+        let sent = served(mark, digest);
+        eprintln!("layer {digest}: the registry sent {sent} bytes of {size} to {NODES} nodes");
+        assert!(sent >= size, "the registry's log shows {sent} bytes of layer {digest} ({size}): it cannot be counted");
+        assert!(
+            sent as f64 <= 1.1 * size as f64,
+            "the registry sent {sent} bytes of layer {digest} ({size} bytes) to three nodes"
+        );
+    }
+    let received: u64 = nodes.iter().map(|n| n.daemon.status()["peers"]["received_bytes"].as_u64().unwrap()).sum();
+    assert!(received > 0, "no node got a layer's bytes from a peer");
 }

@@ -9,7 +9,7 @@
 mod common;
 
 use common::auth_registry::{Auth, AuthRegistry, PASSWORD, USER};
-use common::containerd::{registry, registry_log};
+use common::containerd::{registry, registry_log, served};
 use common::netns::{Back, Net, relay};
 use common::peer_node::ImageNode;
 use common::sha;
@@ -80,19 +80,6 @@ fn manifest_digest_and_size(repo: &str, tag: &str) -> (String, u64) {
         line.split_once(':').unwrap().1.trim().to_owned()
     };
     (header("docker-content-digest:"), header("content-length:").parse().unwrap())
-}
-
-/// The bytes the registry sent of blob `digest` since `mark`, whole (200) or in ranges (206).
-fn served(mark: usize, digest: &str) -> u64 {
-    let blob = format!("/blobs/{digest} ");
-    registry_log()[mark..]
-        .lines()
-        .filter(|l| l.contains("\"GET /v2/") && l.contains(&blob))
-        .filter_map(|l| {
-            let rest = l.split("\" 200 ").nth(1).or_else(|| l.split("\" 206 ").nth(1))?;
-            rest.split(' ').next()?.parse::<u64>().ok()
-        })
-        .sum()
 }
 
 /// `ctr images pull` on node `n` through hosts dir `hosts`, with `login` if given.

@@ -38,6 +38,19 @@ pub fn ranged_answers(mark: usize, digest: &str) -> Vec<u64> {
         .collect()
 }
 
+/// The bytes the registry sent of blob `digest` since `mark`, whole (200) or in ranges (206).
+pub fn served(mark: usize, digest: &str) -> u64 {
+    let blob = format!("/blobs/{digest} ");
+    registry_log()[mark..]
+        .lines()
+        .filter(|l| l.contains("\"GET /v2/") && l.contains(&blob))
+        .filter_map(|l| {
+            let rest = l.split("\" 200 ").nth(1).or_else(|| l.split("\" 206 ").nth(1))?;
+            rest.split(' ').next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
 impl Containerd {
     /// Starts containerd with `[proxy_plugins.strata]` dialling `snapshotter_socket`, without
     /// its CRI plugin.

@@ -114,6 +114,14 @@ impl PeerClient {
         self.answers.lock().unwrap_or_else(|p| p.into_inner()).timeout(self.timeouts.first_byte)
     }
 
+    /// The stall timeout now, stretched as the first-byte timeout is: a member slow to answer
+    /// is as slow to send the next piece or to answer a ping, and a fixed stall timeout would
+    /// drop it mid-answer on saturated nodes.
+    pub fn stall_timeout(&self) -> Duration {
+        let stretch = self.first_byte_timeout().as_secs_f64() / self.timeouts.first_byte.as_secs_f64().max(1e-6);
+        self.timeouts.stall.mul_f64(stretch.clamp(1.0, MAX_STRETCH as f64))
+    }
+
     async fn connection(&self, member: &str) -> Result<SendRequest<Empty<Bytes>>, PeerError> {
         if let Some(c) = self.conns.lock().unwrap_or_else(|p| p.into_inner()).get(member)
             && c.is_ready()
@@ -124,10 +132,13 @@ impl PeerClient {
         let connect = async {
             let tcp = tokio::net::TcpStream::connect(member).await.map_err(|e| connect_err(e.to_string()))?;
             let _ = tcp.set_nodelay(true);
+            // A connection keeps the ping timeout of when it was made: one made while members
+            // answer slowly waits longer for its pings.
+            let stall = self.stall_timeout();
             let (send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
-                .keep_alive_interval(self.timeouts.stall / 2)
-                .keep_alive_timeout(self.timeouts.stall)
+                .keep_alive_interval(stall / 2)
+                .keep_alive_timeout(stall)
                 .handshake(TokioIo::new(tcp))
                 .await
                 .map_err(|e| connect_err(e.to_string()))?;
@@ -199,7 +210,7 @@ impl PeerClient {
         // timeout; a whole chunk is at most a few MiB, so the answer is held whole before it is
         // checked.
         loop {
-            let wait = if data.len() == have.len() { self.timeouts.fetch } else { self.timeouts.stall };
+            let wait = if data.len() == have.len() { self.timeouts.fetch } else { self.stall_timeout() };
             match tokio::time::timeout(wait, body.frame()).await {
                 Err(_) if parts.status.is_success() && data.len() > have.len() => {
                     let got = data.freeze().slice(have.len()..);
@@ -321,5 +332,27 @@ mod tests {
             t.record(Duration::from_secs(30));
         }
         assert_eq!(t.timeout(configured), configured * MAX_STRETCH, "and never past its cap");
+    }
+
+    #[test]
+    fn the_stall_timeout_stretches_as_the_first_byte_timeout_does() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("s"), "ab".repeat(16)).unwrap();
+        let secret = PeerSecret::from_file(&dir.path().join("s")).unwrap();
+        let ms = Duration::from_millis;
+        let timeouts = Timeouts { connect: ms(200), first_byte: ms(250), stall: ms(2000), fetch: ms(30_000) };
+        let client = PeerClient::new(secret, timeouts);
+        assert_eq!(client.stall_timeout(), ms(2000), "members answering at once");
+        for _ in 0..20 {
+            client.answers.lock().unwrap().record(ms(500));
+        }
+        let (first, stall) = (client.first_byte_timeout(), client.stall_timeout());
+        assert!(first > ms(250), "{first:?}");
+        let ratio = stall.as_secs_f64() / 2.0;
+        assert!((ratio - first.as_secs_f64() / 0.25).abs() < 1e-6, "{stall:?} against {first:?}");
+        for _ in 0..20 {
+            client.answers.lock().unwrap().record(Duration::from_secs(60));
+        }
+        assert_eq!(client.stall_timeout(), ms(2000) * MAX_STRETCH, "and never past the cap");
     }
 }
