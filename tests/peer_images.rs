@@ -19,18 +19,26 @@ const NODES: usize = 3;
 /// Where the daemons reach the registry: a relay on the bridge.
 const REGISTRY_VIA: &str = "198.18.0.1:5001";
 
-#[test]
-#[ignore = "needs root, network namespaces, containerd, ctr-remote and the test registry: run by .ci/run"]
-fn three_nodes_start_one_lazy_image_at_once_and_the_registry_serves_its_layers_about_once() {
-    let net = Net::new(NODES);
-    relay(REGISTRY_VIA, registry(), Back::delay(Duration::from_millis(20)));
+/// The nodes on `net`, reaching the registry through a relay with a round trip's delay: one
+/// relay for the process, which every test in it shares.
+fn cluster(net: &Net) -> (Vec<ImageNode>, tempfile::TempDir) {
+    static RELAY: std::sync::Once = std::sync::Once::new();
+    RELAY.call_once(|| relay(REGISTRY_VIA, registry(), Back::delay(Duration::from_millis(20))));
     for i in 0..NODES {
         net.wait_reaches(i, REGISTRY_VIA);
     }
     let shared = tempfile::tempdir().unwrap();
     let secret = shared.path().join("peer-secret");
     std::fs::write(&secret, format!("{}\n", sha(b"this cluster's peer secret"))).unwrap();
-    let nodes: Vec<ImageNode> = (0..NODES).map(|i| ImageNode::start(i, NODES, &net, &secret, REGISTRY_VIA)).collect();
+    let nodes = (0..NODES).map(|i| ImageNode::start(i, NODES, net, &secret, REGISTRY_VIA)).collect();
+    (nodes, shared)
+}
+
+#[test]
+#[ignore = "needs root, network namespaces, containerd, ctr-remote and the test registry: run by .ci/run"]
+fn three_nodes_start_one_lazy_image_at_once_and_the_registry_serves_its_layers_about_once() {
+    let net = Net::new(NODES);
+    let (nodes, _shared) = cluster(&net);
     let image = format!("{}/strata/python:esgz-opt", registry());
     let mark = registry_log().len();
 
@@ -104,14 +112,7 @@ fn three_nodes_start_one_lazy_image_at_once_and_the_registry_serves_its_layers_a
 #[ignore = "needs root, network namespaces, containerd, ctr-remote and the test registry: run by .ci/run"]
 fn three_nodes_fetch_a_plain_images_layers_whole_through_the_peer_tier_about_once() {
     let net = Net::new(NODES);
-    relay(REGISTRY_VIA, registry(), Back::delay(Duration::from_millis(20)));
-    for i in 0..NODES {
-        net.wait_reaches(i, REGISTRY_VIA);
-    }
-    let shared = tempfile::tempdir().unwrap();
-    let secret = shared.path().join("peer-secret");
-    std::fs::write(&secret, format!("{}\n", sha(b"this cluster's peer secret"))).unwrap();
-    let nodes: Vec<ImageNode> = (0..NODES).map(|i| ImageNode::start(i, NODES, &net, &secret, REGISTRY_VIA)).collect();
+    let (nodes, _shared) = cluster(&net);
     // Not eStargz: Strata fetches each layer whole, checks its digest and unpacks it.
     let image = format!("{}/strata/busybox:1", registry());
     let mark = registry_log().len();

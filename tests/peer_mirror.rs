@@ -9,15 +9,14 @@
 mod common;
 
 use common::auth_registry::{Auth, AuthRegistry, PASSWORD, USER};
-use common::containerd::{registry, registry_log, served};
+use common::containerd::{MANIFEST_ACCEPT, image_blobs, registry, registry_log, served};
 use common::netns::{Back, Net, relay};
-use common::peer_node::ImageNode;
+use common::peer_node::{ImageNode, MIRROR_PORT, mirror_hosts};
 use common::sha;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 const NODES: usize = 3;
-const MIRROR_PORT: u16 = 5050;
 /// Where the daemons reach the test registry, and the one behind a login: relays on the bridge.
 const REGISTRY_VIA: &str = "198.18.0.1:5001";
 const PRIVATE_VIA: &str = "198.18.0.1:5002";
@@ -38,33 +37,6 @@ fn nodes(net: &Net, routes: &[(String, String)]) -> (Vec<ImageNode>, tempfile::T
     (nodes, shared)
 }
 
-/// A containerd hosts dir for node `i`: `upstream`, with the node's mirror before it.
-fn hosts_dir(dir: &Path, i: usize, upstream: &str) -> PathBuf {
-    let d = dir.join(format!("hosts-{i}"));
-    std::fs::create_dir_all(d.join(upstream)).unwrap();
-    let toml = format!(
-        "server = \"http://{upstream}\"\n[host.\"http://{}:{MIRROR_PORT}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
-        Net::addr(i)
-    );
-    std::fs::write(d.join(upstream).join("hosts.toml"), toml).unwrap();
-    d
-}
-
-const ACCEPT: &str =
-    "Accept: application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json";
-
-/// The digests and sizes of the blobs (config and layers) of `repo:tag` at the test registry.
-fn blobs(repo: &str, tag: &str) -> Vec<(String, u64)> {
-    let url = format!("http://{}/v2/{repo}/manifests/{tag}", registry());
-    let out = std::process::Command::new("curl").args(["-fsS", "-H", ACCEPT, &url]).output().unwrap();
-    let m: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let layers = m["layers"].as_array().unwrap().iter();
-    std::iter::once(&m["config"])
-        .chain(layers)
-        .map(|l| (l["digest"].as_str().unwrap().to_owned(), l["size"].as_u64().unwrap()))
-        .collect()
-}
-
 /// The digest of the manifest `repo:tag` at the test registry.
 fn manifest_digest(repo: &str, tag: &str) -> String {
     manifest_digest_and_size(repo, tag).0
@@ -73,7 +45,7 @@ fn manifest_digest(repo: &str, tag: &str) -> String {
 /// The digest and size of the manifest `repo:tag` at the test registry.
 fn manifest_digest_and_size(repo: &str, tag: &str) -> (String, u64) {
     let url = format!("http://{}/v2/{repo}/manifests/{tag}", registry());
-    let out = std::process::Command::new("curl").args(["-fsSI", "-H", ACCEPT, &url]).output().unwrap();
+    let out = std::process::Command::new("curl").args(["-fsSI", "-H", MANIFEST_ACCEPT, &url]).output().unwrap();
     let head = String::from_utf8(out.stdout).unwrap();
     let header = |name: &str| {
         let line = head.lines().find(|l| l.to_ascii_lowercase().starts_with(name)).unwrap();
@@ -109,7 +81,7 @@ fn three_nodes_pull_one_image_through_their_mirrors_and_the_registry_serves_each
     let first_period = period();
     std::thread::scope(|s| {
         for (i, n) in nodes.iter().enumerate() {
-            let (image, hosts) = (&image, hosts_dir(dir.path(), i, &registry()));
+            let (image, hosts) = (&image, mirror_hosts(dir.path(), i, &registry()));
             s.spawn(move || {
                 let out = pull(n, &hosts, image, None);
                 assert!(
@@ -135,7 +107,7 @@ fn three_nodes_pull_one_image_through_their_mirrors_and_the_registry_serves_each
     assert!(tag_asks <= periods, "the registry resolved the tag {tag_asks} times for three nodes");
     assert!(tag_asks >= 1, "no request for the tag in the registry's log: the count above cannot be trusted");
     // containerd checks each blob against its digest; the registry sent each about once.
-    let blobs = blobs("strata/busybox", "1");
+    let blobs = image_blobs("strata/busybox", "1");
     for (digest, size) in &blobs {
         let sent = served(mark, digest);
         eprintln!("layer {digest}: the registry sent {sent} bytes of {size} to {NODES} nodes");
@@ -164,7 +136,7 @@ fn a_private_repository_is_refused_without_its_login_and_served_with_it() {
     // By digest: containerd asks a pull-only mirror for manifests by digest, and a tag only
     // of the registry, which refuses it there without a login before the mirror is asked.
     let image = format!("{}/strata/busybox@{}", private.addr, manifest_digest("strata/busybox", "1"));
-    let hosts = hosts_dir(dir.path(), 0, &private.addr);
+    let hosts = mirror_hosts(dir.path(), 0, &private.addr);
     let n = &nodes[0];
 
     let out = pull(n, &hosts, &image, None);

@@ -27,9 +27,9 @@ mod job_start;
 mod origin_log;
 mod registry_counts;
 
-use common::containerd::registry;
+use common::containerd::{image_blobs, registry};
 use common::netns::{Back, Net, relay};
-use common::peer_node::ImageNode;
+use common::peer_node::{ImageNode, MIRROR_PORT, mirror_hosts};
 use common::{BIN, Daemon, Rgw, data, sha, unique_prefix};
 use object_store::ObjectStoreExt;
 use sha2::{Digest, Sha256};
@@ -52,7 +52,6 @@ const IMAGE: &str = "strata/python:esgz-opt";
 const IMAGE_SCRIPT: &str = "python3 -c 'print(1)'";
 /// The plain image of workload (m), which containerd pulls whole.
 const PLAIN_IMAGE: (&str, &str) = ("strata/python", "1");
-const MIRROR_PORT: u16 = 5050;
 
 fn env_or<T: std::str::FromStr>(k: &str, default: T) -> T {
     std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -212,21 +211,6 @@ fn mirror_node(i: usize, n: usize, net: &Net, s: &Setup) -> ImageNode {
     ImageNode::start_with(i, n, net, &s.secret, &routes, &mirror)
 }
 
-/// A containerd hosts dir for node `i`, under `root`: the registry, with the node's mirror
-/// before it for pulls and tags.
-fn mirror_hosts(root: &std::path::Path, i: usize) -> std::path::PathBuf {
-    let d = root.join(format!("node-{i}"));
-    let upstream = d.join(registry());
-    std::fs::create_dir_all(&upstream).unwrap();
-    let toml = format!(
-        "server = \"http://{}\"\n[host.\"http://{}:{MIRROR_PORT}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
-        registry(),
-        Net::addr(i)
-    );
-    std::fs::write(upstream.join("hosts.toml"), toml).unwrap();
-    d
-}
-
 /// Workload (c) on `n` fresh nodes, each with a containerd of its own and its node's mirror:
 /// every node pulls and starts [`IMAGE`] at once, and then fetches its layers whole in the
 /// background.
@@ -239,7 +223,7 @@ fn images(s: &Setup, net: &Net, n: usize) -> (Row, registry_counts::Counts) {
     let start = Instant::now();
     std::thread::scope(|sc| {
         for (i, node) in nodes.iter().enumerate() {
-            let (image, hosts) = (&image, mirror_hosts(hosts.path(), i));
+            let (image, hosts) = (&image, mirror_hosts(hosts.path(), i, &registry()));
             sc.spawn(move || {
                 let out = node.start_container_via(image, &format!("start-{i}"), IMAGE_SCRIPT, Some(&hosts));
                 assert_eq!(out, "1\n", "node {i}'s container\n{}", node.daemon.log());
@@ -299,7 +283,7 @@ fn mirrored(s: &Setup, net: &Net, n: usize) -> (Row, registry_counts::Counts) {
     let start = Instant::now();
     std::thread::scope(|sc| {
         for (i, node) in nodes.iter().enumerate() {
-            let d = mirror_hosts(hosts.path(), i);
+            let d = mirror_hosts(hosts.path(), i, &registry());
             let image = &image;
             sc.spawn(move || {
                 let dir = d.display().to_string();
@@ -330,20 +314,6 @@ fn mirrored(s: &Setup, net: &Net, n: usize) -> (Row, registry_counts::Counts) {
     });
     eprintln!("cluster: (m) N={n}: {secs:.1} s to every pull and run, origin {origin} B of {unique} unique");
     (Row { workload: "m", n, unique, origin, secs, peer_ratio }, counts)
-}
-
-/// `repo:tag`'s config, then its layers: digest and size, from its manifest.
-fn image_blobs(repo: &str, tag: &str) -> Vec<(String, u64)> {
-    let url = format!("http://{}/v2/{repo}/manifests/{tag}", registry());
-    let accept =
-        "Accept: application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json";
-    let out = Command::new("curl").args(["-fsS", "-H", accept, &url]).output().unwrap();
-    let m: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let layers = m["layers"].as_array().unwrap().iter();
-    std::iter::once(&m["config"])
-        .chain(layers)
-        .map(|l| (l["digest"].as_str().unwrap().to_owned(), l["size"].as_u64().unwrap()))
-        .collect()
 }
 
 fn put_files(s: &Setup, prefix: &str, name: &str, count: usize, size: usize, seed: u64) -> Vec<File> {

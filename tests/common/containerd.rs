@@ -38,6 +38,23 @@ pub fn ranged_answers(mark: usize, digest: &str) -> Vec<u64> {
         .collect()
 }
 
+/// The Accept of a client that wants an image manifest, not an index.
+pub const MANIFEST_ACCEPT: &str =
+    "Accept: application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json";
+
+/// The digests and sizes of the blobs of `repo:tag` at the test registry: its config, then its
+/// layers.
+pub fn image_blobs(repo: &str, tag: &str) -> Vec<(String, u64)> {
+    let url = format!("http://{}/v2/{repo}/manifests/{tag}", registry());
+    let out = Command::new("curl").args(["-fsS", "-H", MANIFEST_ACCEPT, &url]).output().unwrap();
+    let m: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let layers = m["layers"].as_array().unwrap().iter();
+    std::iter::once(&m["config"])
+        .chain(layers)
+        .map(|l| (l["digest"].as_str().unwrap().to_owned(), l["size"].as_u64().unwrap()))
+        .collect()
+}
+
 /// The bytes the registry sent of blob `digest` since `mark`, whole (200) or in ranges (206).
 pub fn served(mark: usize, digest: &str) -> u64 {
     let blob = format!("/blobs/{digest} ");

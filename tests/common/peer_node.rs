@@ -9,6 +9,21 @@ use super::{BIN, Daemon};
 
 pub const PEER_PORT: u16 = 7470;
 pub const METRICS_PORT: u16 = 9464;
+/// Where a node's `[mirror]` listens, on its address on the bridge.
+pub const MIRROR_PORT: u16 = 5050;
+
+/// A containerd hosts dir for node `i`, under `dir`: `upstream`, with the node's mirror
+/// before it for pulls and tags.
+pub fn mirror_hosts(dir: &std::path::Path, i: usize, upstream: &str) -> std::path::PathBuf {
+    let d = dir.join(format!("hosts-{i}"));
+    std::fs::create_dir_all(d.join(upstream)).unwrap();
+    let toml = format!(
+        "server = \"http://{upstream}\"\n[host.\"http://{}:{MIRROR_PORT}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+        Net::addr(i)
+    );
+    std::fs::write(d.join(upstream).join("hosts.toml"), toml).unwrap();
+    d
+}
 
 pub struct ImageNode {
     pub daemon: Daemon,
