@@ -256,8 +256,8 @@ fn print_status(s: &StatusReport) {
             p.refused
         );
         println!(
-            "hot-chunk askers sent on {}, redirects followed {}; stalled transfers resumed {}; listings from owners {}, served {}",
-            p.redirects, p.redirected, p.resumed, p.listings_received, p.listings_served
+            "hot-chunk askers sent on {}, redirects followed {}; stalled transfers resumed {}; stood in for owners {}; listings from owners {}, served {}",
+            p.redirects, p.redirected, p.resumed, p.stood_in, p.listings_received, p.listings_served
         );
     }
 }

@@ -200,6 +200,7 @@ fn run(
             .collect();
         per_node.iter().sum::<f64>() / per_node.len() as f64
     });
+    save_logs(&format!("{workload}-n{n}"), &nodes);
     eprintln!("cluster: ({workload}) N={n}: {secs:.1} s, origin {origin} B of {unique} unique");
     Row { workload, n, unique, origin, secs, peer_ratio }
 }
@@ -496,12 +497,7 @@ fn faults(s: &Setup, net: &Net, n: usize, files: &[File]) -> String {
     let (fallbacks, caught) = (sum("origin_fallbacks"), sum("corrupt"));
     assert!(caught > 0, "no node caught the lying member's bytes: {peers:#?}");
     let longest = waits.iter().max().copied().unwrap_or_default();
-    // The daemons' logs, for what the fault run's figures do not say.
-    let logs = std::path::Path::new("target/cluster-logs");
-    let _ = std::fs::create_dir_all(logs);
-    for (i, d) in nodes.iter().enumerate() {
-        let _ = std::fs::write(logs.join(format!("faults-node-{i}.log")), d.log());
-    }
+    save_logs("faults", &nodes);
     eprintln!("cluster: faults N={n}: {secs:.1} s, origin {origin} B of {unique}, longest wait {longest:?}");
     format!(
         "\nFaults, workload (a) on {n} nodes, {readers} reading: a second in, one owner SIGKILLed, one \
@@ -511,4 +507,13 @@ fn faults(s: &Setup, net: &Net, n: usize, files: &[File]) -> String {
         origin as f64 / unique as f64,
         longest.as_secs_f64()
     )
+}
+
+/// The daemons' logs under `target/cluster-logs/`, for what a run's figures do not say.
+fn save_logs(run: &str, nodes: &[Daemon]) {
+    let logs = std::path::Path::new("target/cluster-logs");
+    let _ = std::fs::create_dir_all(logs);
+    for (i, d) in nodes.iter().enumerate() {
+        let _ = std::fs::write(logs.join(format!("{run}-node-{i}.log")), d.log());
+    }
 }

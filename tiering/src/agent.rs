@@ -166,6 +166,7 @@ impl Agent {
             hot: crate::peer::hot::HotChunks::new(p.hot_fanout),
             not_shared: std::sync::Arc::new(p.not_shared.clone()),
             listings: Some((self.source.clone(), self.source.listings())),
+            tier: Some(tier.clone()),
         };
         info!(listen = %p.listen, members = tier.members().len(), "serving peers");
         Ok(tokio::spawn(serve(listener, state, stop)))

@@ -50,6 +50,9 @@ pub struct PeersStatus {
     /// Stalled transfers resumed at their offset from another member.
     #[serde(default)]
     pub resumed: u64,
+    /// Chunks asked of this node in place of their owner, which it got from that owner.
+    #[serde(default)]
+    pub stood_in: u64,
     /// Directory listings got from their owners, and served to members as their owner.
     #[serde(default)]
     pub listings_received: u64,

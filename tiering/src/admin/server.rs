@@ -129,6 +129,7 @@ fn peers_status(t: &crate::peer::PeerTier) -> crate::admin::api::PeersStatus {
         redirects: m.redirects.get(),
         redirected: m.redirected.get(),
         resumed: m.resumed.get(),
+        stood_in: m.stood_in.get(),
         listings_received: m.listings_received.get(),
         listings_served: m.listings_served.get(),
         errors: m.peer_errors.get(),

@@ -1,12 +1,13 @@
 //! Asking a peer for a chunk: one HTTP/2 connection per member, shared by every request to it,
 //! and each stage bounded in time, so that a dead or stopped member costs a fraction of a
 //! second rather than a TCP timeout. A member answers at once and fetches afterwards, so the
-//! first-byte timeout can be short; while it fetches from its origin, HTTP/2 pings tell that
-//! it is still alive. What comes back is checked (its length, and its CRC32C or its digest)
+//! first-byte timeout can be short ([`super::timing`] stretches it for a member that is slow,
+//! not dead); while it fetches from its origin, HTTP/2 pings tell that it is still alive. What comes back is checked (its length, and its CRC32C or its digest)
 //! before a byte of it is handed on.
 
 use super::auth::{AUTH_HEADER, PeerSecret, now_secs};
 use super::meta::{MetaAnswer, MetaRequest};
+use super::timing::Waits;
 use super::wire::{CRC_TRAILER, ChunkRequest, ERROR_TRAILER, HOLDER_HEADER, STATUS_TRAILER};
 use crate::chunkfile::crc32c;
 use crate::{ChunkKey, Identity};
@@ -37,8 +38,8 @@ pub struct Timeouts {
 pub enum PeerError {
     #[error("{member}: connect failed: {reason}")]
     Connect { member: String, reason: String },
-    #[error("{member}: no answer within {after:?}")]
-    Timeout { member: String, after: Duration },
+    #[error("{member}: no {waiting_for} within {after:?}")]
+    Timeout { member: String, waiting_for: &'static str, after: Duration },
     #[error("{member}: {reason}")]
     Transport { member: String, reason: String },
     #[error("{member}: answered {status}: {message}")]
@@ -70,56 +71,29 @@ pub struct PeerClient {
     secret: PeerSecret,
     timeouts: Timeouts,
     conns: Mutex<HashMap<String, SendRequest<Empty<Bytes>>>>,
-    answers: Mutex<AnswerTimes>,
-}
-
-/// How long members take to answer, smoothed as TCP's retransmission timer smooths round trips
-/// (RFC 6298). On nodes whose cores are saturated, a live member answers late, and a fixed
-/// timeout would fail it over to the origin; the first-byte timeout stretches to four
-/// deviations above the mean, and at most to [`MAX_STRETCH`] times the configured one.
-#[derive(Debug, Default)]
-struct AnswerTimes {
-    mean: f64,
-    deviation: f64,
-    seen: bool,
-}
-
-/// The most the first-byte timeout stretches, in multiples of the configured one.
-const MAX_STRETCH: u32 = 8;
-
-impl AnswerTimes {
-    fn record(&mut self, took: Duration) {
-        let t = took.as_secs_f64();
-        if self.seen {
-            self.deviation = 0.75 * self.deviation + 0.25 * (self.mean - t).abs();
-            self.mean = 0.875 * self.mean + 0.125 * t;
-        } else {
-            (self.mean, self.deviation, self.seen) = (t, t / 2.0, true);
-        }
-    }
-
-    fn timeout(&self, configured: Duration) -> Duration {
-        let wanted = Duration::from_secs_f64(self.mean + 4.0 * self.deviation);
-        wanted.clamp(configured, configured * MAX_STRETCH)
-    }
+    waits: Waits,
 }
 
 impl PeerClient {
     pub fn new(secret: PeerSecret, timeouts: Timeouts) -> PeerClient {
-        PeerClient { secret, timeouts, conns: Mutex::new(HashMap::new()), answers: Mutex::default() }
+        PeerClient { secret, timeouts, conns: Mutex::new(HashMap::new()), waits: Waits::default() }
     }
 
     /// The first-byte timeout now: the configured one, stretched while members answer slowly.
     pub fn first_byte_timeout(&self) -> Duration {
-        self.answers.lock().unwrap_or_else(|p| p.into_inner()).timeout(self.timeouts.first_byte)
+        self.waits.first_byte(self.timeouts.first_byte)
+    }
+
+    /// Whether anything came from `member` since `since`: an answer or a piece of one.
+    pub fn heard_since(&self, member: &str, since: tokio::time::Instant) -> bool {
+        self.waits.heard_since(member, since)
     }
 
     /// The stall timeout now, stretched as the first-byte timeout is: a member slow to answer
     /// is as slow to send the next piece or to answer a ping, and a fixed stall timeout would
     /// drop it mid-answer on saturated nodes.
     pub fn stall_timeout(&self) -> Duration {
-        let stretch = self.first_byte_timeout().as_secs_f64() / self.timeouts.first_byte.as_secs_f64().max(1e-6);
-        self.timeouts.stall.mul_f64(stretch.clamp(1.0, MAX_STRETCH as f64))
+        self.timeouts.stall.mul_f64(self.waits.stretch(self.timeouts.first_byte))
     }
 
     async fn connection(&self, member: &str) -> Result<SendRequest<Empty<Bytes>>, PeerError> {
@@ -150,9 +124,11 @@ impl PeerClient {
             });
             Ok::<_, PeerError>(send)
         };
-        let send = tokio::time::timeout(self.timeouts.connect, connect)
-            .await
-            .map_err(|_| PeerError::Timeout { member: member.to_owned(), after: self.timeouts.connect })??;
+        let send = tokio::time::timeout(self.timeouts.connect, connect).await.map_err(|_| PeerError::Timeout {
+            member: member.to_owned(),
+            waiting_for: "connection",
+            after: self.timeouts.connect,
+        })??;
         self.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(member.to_owned(), send.clone());
         Ok(send)
     }
@@ -172,13 +148,14 @@ impl PeerClient {
             .header(AUTH_HEADER, self.secret.sign("GET", pq, now_secs()))
             .body(Empty::new())
             .map_err(|e| transport(&e))?;
-        let first_byte = self.first_byte_timeout();
-        let asked = std::time::Instant::now();
-        let answer = tokio::time::timeout(first_byte, send.send_request(request))
+        let asked = tokio::time::Instant::now();
+        let answer = self
+            .waits
+            .wait(member, self.first_byte_timeout(), self.timeouts.fetch, send.send_request(request))
             .await
-            .map_err(|_| PeerError::Timeout { member: member.to_owned(), after: first_byte })?
+            .map_err(|after| PeerError::Timeout { member: member.to_owned(), waiting_for: "answer", after })?
             .map_err(|e| transport(&e))?;
-        self.answers.lock().unwrap_or_else(|p| p.into_inner()).record(asked.elapsed());
+        self.waits.answered(member, asked.elapsed());
         Ok(answer)
     }
 
@@ -196,7 +173,7 @@ impl PeerClient {
     async fn try_get(&self, member: &str, req: &ChunkRequest, have: &Bytes) -> Result<Bytes, PeerError> {
         let transport =
             |e: &dyn std::fmt::Display| PeerError::Transport { member: member.to_owned(), reason: e.to_string() };
-        let timeout = |after| PeerError::Timeout { member: member.to_owned(), after };
+        let timeout = |after| PeerError::Timeout { member: member.to_owned(), waiting_for: "chunk", after };
         let answer = self.ask(member, &req.path_and_query()).await?;
         let (parts, mut body) = answer.into_parts();
         if parts.status == hyper::StatusCode::TEMPORARY_REDIRECT
@@ -206,23 +183,27 @@ impl PeerClient {
         }
         let mut data = BytesMut::from(&have[..]);
         let mut trailers = None;
-        // Each piece of the body must come within the stall timeout, the first within the fetch
-        // timeout; a whole chunk is at most a few MiB, so the answer is held whole before it is
-        // checked.
+        // Each piece of the body must come within the stall timeout, or while the member is
+        // heard from, the first within the fetch timeout; a whole chunk is at most a few MiB,
+        // so the answer is held whole before it is checked.
         loop {
-            let wait = if data.len() == have.len() { self.timeouts.fetch } else { self.stall_timeout() };
-            match tokio::time::timeout(wait, body.frame()).await {
-                Err(_) if parts.status.is_success() && data.len() > have.len() => {
+            let first = data.len() == have.len();
+            let window = if first { self.timeouts.fetch } else { self.stall_timeout() };
+            match self.waits.wait(member, window, self.timeouts.fetch.max(window), body.frame()).await {
+                Err(after) if parts.status.is_success() && !first => {
                     let got = data.freeze().slice(have.len()..);
-                    return Err(PeerError::Stalled { member: member.to_owned(), after: wait, got });
+                    return Err(PeerError::Stalled { member: member.to_owned(), after, got });
                 }
-                Err(_) => return Err(timeout(wait)),
+                Err(after) => return Err(timeout(after)),
                 Ok(None) => break,
                 Ok(Some(Err(e))) => return Err(transport(&e)),
-                Ok(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(piece) => data.extend_from_slice(&piece),
-                    Err(frame) => trailers = frame.into_trailers().ok(),
-                },
+                Ok(Some(Ok(frame))) => {
+                    self.waits.heard(member);
+                    match frame.into_data() {
+                        Ok(piece) => data.extend_from_slice(&piece),
+                        Err(frame) => trailers = frame.into_trailers().ok(),
+                    }
+                }
             }
         }
         let data = data.freeze();
@@ -256,7 +237,7 @@ impl PeerClient {
     async fn try_get_meta(&self, member: &str, req: &MetaRequest) -> Result<MetaAnswer, PeerError> {
         let transport =
             |e: &dyn std::fmt::Display| PeerError::Transport { member: member.to_owned(), reason: e.to_string() };
-        let timeout = |after| PeerError::Timeout { member: member.to_owned(), after };
+        let timeout = |after| PeerError::Timeout { member: member.to_owned(), waiting_for: "listing", after };
         let answer = self.ask(member, &req.path_and_query()).await?;
         let (parts, body) = answer.into_parts();
         let collected = tokio::time::timeout(self.timeouts.fetch, body.collect())
@@ -312,27 +293,8 @@ fn check(member: &str, req: &ChunkRequest, data: &[u8], crc: Option<u32>) -> Res
 
 #[cfg(test)]
 mod tests {
+    use super::super::timing::MAX_STRETCH;
     use super::*;
-
-    #[test]
-    fn the_first_byte_timeout_follows_slow_answers_within_its_bounds() {
-        let configured = Duration::from_millis(250);
-        let mut t = AnswerTimes::default();
-        assert_eq!(t.timeout(configured), configured, "nothing seen yet");
-        for _ in 0..50 {
-            t.record(Duration::from_millis(2));
-        }
-        assert_eq!(t.timeout(configured), configured, "fast answers never shorten it");
-        for ms in [300, 500, 200, 600, 400, 450, 350, 500] {
-            t.record(Duration::from_millis(ms));
-        }
-        let stretched = t.timeout(configured);
-        assert!(stretched > Duration::from_millis(600) && stretched <= configured * MAX_STRETCH, "{stretched:?}");
-        for _ in 0..10 {
-            t.record(Duration::from_secs(30));
-        }
-        assert_eq!(t.timeout(configured), configured * MAX_STRETCH, "and never past its cap");
-    }
 
     #[test]
     fn the_stall_timeout_stretches_as_the_first_byte_timeout_does() {
@@ -344,14 +306,14 @@ mod tests {
         let client = PeerClient::new(secret, timeouts);
         assert_eq!(client.stall_timeout(), ms(2000), "members answering at once");
         for _ in 0..20 {
-            client.answers.lock().unwrap().record(ms(500));
+            client.waits.answered("m", ms(500));
         }
         let (first, stall) = (client.first_byte_timeout(), client.stall_timeout());
         assert!(first > ms(250), "{first:?}");
         let ratio = stall.as_secs_f64() / 2.0;
         assert!((ratio - first.as_secs_f64() / 0.25).abs() < 1e-6, "{stall:?} against {first:?}");
         for _ in 0..20 {
-            client.answers.lock().unwrap().record(Duration::from_secs(60));
+            client.waits.answered("m", Duration::from_secs(60));
         }
         assert_eq!(client.stall_timeout(), ms(2000) * MAX_STRETCH, "and never past the cap");
     }

@@ -53,6 +53,14 @@ impl SelfName {
     }
 }
 
+/// Why and until when a member is skipped.
+#[derive(Debug, Clone, Copy)]
+struct Suspicion {
+    until: Instant,
+    /// For a member that was only late: since when, so that word from it lifts the suspicion.
+    lifted_by_word: Option<tokio::time::Instant>,
+}
+
 /// This node's view of the peer tier.
 #[derive(Debug)]
 pub struct PeerTier {
@@ -62,7 +70,7 @@ pub struct PeerTier {
     membership: Membership,
     client: PeerClient,
     failover: FailoverOptions,
-    suspects: Mutex<HashMap<String, Instant>>,
+    suspects: Mutex<HashMap<String, Suspicion>>,
     metrics: Arc<PeerMetrics>,
     /// Set while fetches fall back to the origin, so that a run of them is logged once.
     falling_back: AtomicBool,
@@ -125,20 +133,39 @@ impl PeerTier {
     fn is_suspect(&self, member: &str) -> bool {
         let mut s = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
         match s.get(member) {
-            Some(until) if *until > Instant::now() => true,
-            Some(_) => {
-                s.remove(member);
-                self.metrics.suspects.set(s.len() as i64);
-                false
-            }
-            None => false,
+            Some(Suspicion { lifted_by_word: Some(since), .. }) if self.client.heard_since(member, *since) => {}
+            Some(Suspicion { until, .. }) if *until > Instant::now() => return true,
+            Some(_) => {}
+            None => return false,
         }
+        s.remove(member);
+        self.metrics.suspects.set(s.len() as i64);
+        false
     }
 
-    fn mark_suspect(&self, member: &str) {
+    /// Marks `member` suspect for the configured time; one that only answered late (a
+    /// timeout on a connection that was made, a stall) is trusted again as soon as it is
+    /// heard from, since a member slow on a saturated node is not a dead one.
+    fn suspect(&self, member: &str, e: &PeerError) {
+        let slow = matches!(e, PeerError::Stalled { .. })
+            || matches!(e, PeerError::Timeout { waiting_for, .. } if *waiting_for != "connection");
+        let lifted_by_word = slow.then(tokio::time::Instant::now);
+        self.insert_suspect(member, Suspicion { until: Instant::now() + self.failover.suspect_for, lifted_by_word });
+    }
+
+    fn insert_suspect(&self, member: &str, suspicion: Suspicion) {
         let mut s = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
-        s.insert(member.to_owned(), Instant::now() + self.failover.suspect_for);
+        s.insert(member.to_owned(), suspicion);
         self.metrics.suspects.set(s.len() as i64);
+    }
+
+    /// Marks `member` suspect, as a member that failed outright.
+    #[cfg(test)]
+    pub(super) fn mark_suspect(&self, member: &str) {
+        self.insert_suspect(
+            member,
+            Suspicion { until: Instant::now() + self.failover.suspect_for, lifted_by_word: None },
+        );
     }
 
     /// The chunk from the members, in rendezvous order: `None` when this node should fetch it
@@ -227,6 +254,22 @@ impl PeerTier {
         self.client.get_chunk(owner, &ChunkRequest { ask: Ask::Direct, ..req.clone() }, have).await
     }
 
+    /// The fetcher this node serves chunk `req` with when a member asks it: `origin`, unless
+    /// this node is standing in for the chunk's owner. The asker could not reach the owner in
+    /// time, but this node may: an owner that is slow, not dead, already has the chunk or is
+    /// fetching it, so this node asks it once before it fetches from the origin a second time.
+    /// The owner itself never forwards, so a chunk crosses two hops at most.
+    pub fn serving(self: &Arc<Self>, origin: Arc<dyn Fetcher>, req: &ChunkRequest) -> Arc<dyn Fetcher> {
+        let members = self.membership.current();
+        let owner = members.rank(&req.key.id()).into_iter().next().map(|m| m.name.clone());
+        match owner {
+            Some(owner) if !self.is_self(&owner) && req.from.as_ref() != Some(&owner) && self.shares(&req.key.path) => {
+                Arc::new(StandIn { tier: self.clone(), origin, owner, size: req.size })
+            }
+            _ => origin,
+        }
+    }
+
     /// Where the metadata `req` asks for comes from: its owner's answer, this node as the
     /// owner, or the store itself when every member tried failed (counted and logged once a
     /// run, as chunks are).
@@ -282,7 +325,7 @@ impl PeerTier {
             _ => {}
         }
         if e.blames_member() {
-            self.mark_suspect(member);
+            self.suspect(member, e);
         }
     }
 }
@@ -314,6 +357,43 @@ impl Fetcher for PeerFetcher {
                 && let Some(bytes) = tier.ask_peers(&req).await
             {
                 return Ok(bytes);
+            }
+            let bytes = origin.fetch(&req.key).await?;
+            tier.metrics.origin_bytes.inc_by(bytes.len() as u64);
+            Ok(bytes)
+        }
+        .boxed()
+    }
+}
+
+/// The fetcher of a member standing in for `owner`: the owner first, unless it is suspect
+/// here, then the origin.
+struct StandIn {
+    tier: Arc<PeerTier>,
+    origin: Arc<dyn Fetcher>,
+    owner: String,
+    size: u64,
+}
+
+impl Fetcher for StandIn {
+    fn fetch(&self, key: &ChunkKey) -> BoxFuture<'static, Result<Bytes, FetchError>> {
+        let (tier, origin, owner) = (self.tier.clone(), self.origin.clone(), self.owner.clone());
+        let req = ChunkRequest::new(key.clone(), self.size);
+        async move {
+            if !tier.is_suspect(&owner) {
+                let me = tier.membership.current().list().iter().find(|m| tier.is_self(&m.name)).map(|m| m.name.clone());
+                let ask = ChunkRequest { from: me.clone(), ..req.clone() };
+                match tier.ask_owner(&owner, &ask, &Bytes::new(), me.as_deref()).await {
+                    Ok(bytes) => {
+                        tier.metrics.stood_in.inc();
+                        tier.metrics.peer_bytes.inc_by(bytes.len() as u64);
+                        return Ok(bytes);
+                    }
+                    Err(e) => {
+                        tier.failed(&owner, &e);
+                        warn!(chunk = %req.key, error = %e, "standing in for an owner that failed here too; asking the origin");
+                    }
+                }
             }
             let bytes = origin.fetch(&req.key).await?;
             tier.metrics.origin_bytes.inc_by(bytes.len() as u64);

@@ -2,8 +2,8 @@
 //! origin link (the object store, the registry) about once and then the node network. Who the
 //! members are ([`members`]), which one owns a chunk ([`placement`]), how they prove they are
 //! members ([`auth`]), what crosses the peer port ([`wire`]), its server ([`server`]) with its
-//! bound on hot chunks ([`hot`]), its client ([`client`]), and the fetcher that puts the peers
-//! before the origin ([`fetcher`]).
+//! bound on hot chunks ([`hot`]), its client ([`client`]) and how long it waits for a member
+//! ([`timing`]), and the fetcher that puts the peers before the origin ([`fetcher`]).
 
 pub mod auth;
 pub mod client;
@@ -16,6 +16,7 @@ pub mod placement;
 pub mod server;
 #[cfg(test)]
 mod tests;
+pub mod timing;
 pub mod wire;
 
 pub use config::PeersConfig;
@@ -44,6 +45,9 @@ pub struct PeerMetrics {
     pub redirected: Counter,
     /// Transfers that stalled and were resumed at their offset from another member.
     pub resumed: Counter,
+    /// Chunks this node was asked for in place of an owner the asker could not reach, and got
+    /// from that owner rather than the origin.
+    pub stood_in: Counter,
     pub peer_errors: Counter,
     pub peer_timeouts: Counter,
     /// Answers that failed the length, CRC32C or digest check.
@@ -84,6 +88,11 @@ impl PeerMetrics {
             "strata_peer_resumed",
             "Stalled peer transfers resumed at their offset elsewhere",
             self.resumed.clone(),
+        );
+        r.register(
+            "strata_peer_stood_in",
+            "Chunks asked of this node in place of their owner, and got from the owner",
+            self.stood_in.clone(),
         );
         r.register("strata_peer_errors", "Peer requests that failed", self.peer_errors.clone());
         r.register("strata_peer_timeouts", "Peer requests that timed out", self.peer_timeouts.clone());

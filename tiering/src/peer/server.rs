@@ -1,6 +1,7 @@
-//! The peer port: this node serves the chunks it owns (or stands in for an owner that failed)
-//! to the other members, from its own tiers, or from its origin once however many members ask
-//! at the same time: the cache's own single flight does that. A hot chunk is sent to a bounded
+//! The peer port: this node serves the chunks it owns to the other members, from its own
+//! tiers, or from its origin once however many members ask at the same time: the cache's own
+//! single flight does that. Asked in place of an owner the asker could not reach, it asks that
+//! owner once before its origin. A hot chunk is sent to a bounded
 //! number of members at once, and the next askers are sent on to them ([`super::hot`]). Every
 //! request must be signed with the cluster's secret.
 
@@ -85,6 +86,9 @@ pub struct ServeState {
     /// The store whose directories this node lists for members that ask it as their owner,
     /// and the listings it made as their owner.
     pub listings: Option<(ObjectSource, Arc<MetaCache>)>,
+    /// This node's view of the peer tier, with which it stands in for an owner an asker could
+    /// not reach ([`super::PeerTier::serving`]).
+    pub tier: Option<Arc<super::PeerTier>>,
 }
 
 impl std::fmt::Debug for ServeState {
@@ -169,6 +173,10 @@ async fn chunk(State(s): State<ServeState>, uri: Uri, headers: HeaderMap) -> Res
         let fetcher = match s.origin.fetcher(&req) {
             Ok(f) => f,
             Err(why) => return (StatusCode::NOT_FOUND, why).into_response(),
+        };
+        let fetcher = match &s.tier {
+            Some(tier) => tier.serving(fetcher, &req),
+            None => fetcher,
         };
         match s.hot.admit(req.key.id(), req.from.as_deref(), req.ask == Ask::Owner) {
             Admission::Send(guard) => (fetcher, Some(guard)),

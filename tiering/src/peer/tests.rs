@@ -15,6 +15,7 @@ use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -153,16 +154,6 @@ async fn cluster_with(
         let dir = tempfile::tempdir().unwrap();
         let cache = open_cache(dir.path());
         let metrics = Arc::new(PeerMetrics::default());
-        let state = ServeState {
-            secret: test_secret(1),
-            cache: cache.clone(),
-            origin: Arc::new(SharedOrigin(origin.clone())),
-            metrics: metrics.clone(),
-            hot: super::hot::HotChunks::new(fanout),
-            not_shared: Arc::new(not_shared.to_vec()),
-            listings: None,
-        };
-        let server = tokio::spawn(serve(listener, state, std::future::pending()));
         let membership =
             Membership::start(MemberSource::Static(members.clone()), Duration::from_secs(1)).await.unwrap();
         let client = PeerClient::new(test_secret(1), timeouts);
@@ -174,6 +165,17 @@ async fn cluster_with(
             metrics.clone(),
             not_shared.to_vec(),
         );
+        let state = ServeState {
+            secret: test_secret(1),
+            cache: cache.clone(),
+            origin: Arc::new(SharedOrigin(origin.clone())),
+            metrics: metrics.clone(),
+            hot: super::hot::HotChunks::new(fanout),
+            not_shared: Arc::new(not_shared.to_vec()),
+            listings: None,
+            tier: Some(tier.clone()),
+        };
+        let server = tokio::spawn(serve(listener, state, std::future::pending()));
         nodes.push(Node { name: names[i].clone(), cache, tier, metrics, _server: server, _dir: dir });
     }
     nodes
@@ -538,4 +540,80 @@ async fn a_member_that_stops_costs_a_short_timeout_before_or_during_its_answer()
     let waited = start.elapsed();
     assert_eq!((node.metrics.peer_errors.get(), node.metrics.suspects.get()), (2, 2));
     assert!(waited < timeouts.fetch, "caught before the fetch timeout: {waited:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_standing_in_for_an_owner_asks_the_owner_before_the_origin() {
+    let origin = TestOrigin::new((256 * CHUNK) as usize);
+    let nodes = cluster(3, &origin, &[]).await;
+    let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    let chunks = ranked(&origin, &names, &[&names[2], &names[1]], 3);
+    // Node 0 could not reach the owner in time (a slow answer on a saturated node), so it
+    // asks the next choice; the owner is alive, and already holds the first chunk.
+    assert_eq!(nodes[2].read(&origin, chunks[0]).await, origin.expected(chunks[0]));
+    nodes[0].tier.mark_suspect(&names[2]);
+    for &i in &chunks {
+        assert_eq!(nodes[0].read(&origin, i).await, origin.expected(i), "chunk {i}");
+    }
+    assert_eq!(nodes[1].metrics.stood_in.get(), 3, "the stand-in got each chunk from the owner");
+    assert!(origin.asked().values().all(|&n| n == 1), "each chunk fetched once, by its owner: {:?}", origin.asked());
+    assert_eq!(nodes[0].metrics.origin_fallbacks.get(), 0);
+    // A stand-in that cannot reach the owner either fetches from the origin itself.
+    nodes[1].tier.mark_suspect(&names[2]);
+    let more = ranked(&origin, &names, &[&names[2], &names[1]], 4)[3];
+    assert_eq!(nodes[0].read(&origin, more).await, origin.expected(more));
+    assert_eq!(nodes[1].metrics.stood_in.get(), 3);
+    assert_eq!(origin.asked()[&origin.key(more).id()], 1, "from the stand-in's origin");
+    assert_eq!(nodes[2].metrics.served_bytes.get(), 3 * CHUNK, "the owner sent the three chunks once each");
+}
+
+/// A member whose answer to the chunk `late` names comes after `delay` (its node saturated),
+/// and whose other answers start at once and end after `delay`, as a member busy fetching
+/// does. It notes each chunk it is asked for.
+async fn slow_member(origin: Arc<TestOrigin>, delay: Duration) -> (String, Arc<AtomicU64>, Arc<Mutex<Vec<u64>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let name = listener.local_addr().unwrap().to_string();
+    let (late, asked) = (Arc::new(AtomicU64::new(u64::MAX)), Arc::new(Mutex::new(Vec::new())));
+    let (late_here, seen) = (late.clone(), asked.clone());
+    let serve = move |uri: axum::http::Uri| {
+        let (origin, late, seen) = (origin.clone(), late_here.clone(), seen.clone());
+        async move {
+            let req = ChunkRequest::from_query(uri.query().unwrap()).unwrap();
+            let Identity::Object { index, .. } = req.key.identity else { unreachable!() };
+            seen.lock().unwrap().push(index);
+            if index == late.load(Ordering::Relaxed) {
+                tokio::time::sleep(delay).await;
+            }
+            let truth = origin.expected(index);
+            let crc = crc32c(&truth);
+            answer(futures::stream::once(async move { tokio::time::sleep(delay).await }.map(|_| truth)), crc)
+        }
+    };
+    let app = axum::Router::new().route(CHUNK_PATH, axum::routing::get(serve));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (name, late, asked)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_only_answered_late_is_trusted_again_once_heard_from() {
+    let origin = TestOrigin::new((256 * CHUNK) as usize);
+    let (slow, late, asked) = slow_member(origin.clone(), Duration::from_millis(400)).await;
+    let nodes = cluster(1, &origin, std::slice::from_ref(&slow)).await;
+    let names = [nodes[0].name.clone(), slow.clone()];
+    let owned = owned_by(&origin, &names, &slow, 3);
+    late.store(owned[1], Ordering::Relaxed);
+    // Two chunks at once: the first's answer starts at once, the second's not within the
+    // first-byte timeout, nor while the first's bytes are still to come.
+    let (first, second) = tokio::join!(nodes[0].read(&origin, owned[0]), nodes[0].read(&origin, owned[1]));
+    assert_eq!((first, second), (origin.expected(owned[0]), origin.expected(owned[1])));
+    let m = &nodes[0].metrics;
+    assert_eq!((m.peer_timeouts.get(), m.peer_bytes.get()), (1, CHUNK), "the late one came from the origin");
+    // The first chunk's bytes came after the suspicion: the member is alive, and asked again.
+    assert!(nodes[0].tier.members().contains(&(slow.clone(), false)), "{:?}", nodes[0].tier.members());
+    assert_eq!(nodes[0].read(&origin, owned[2]).await, origin.expected(owned[2]));
+    let (mut asked, mut owned) = (asked.lock().unwrap().clone(), owned);
+    asked.sort_unstable();
+    owned.sort_unstable();
+    assert_eq!(asked, owned, "each chunk asked of it once");
+    assert_eq!(m.peer_bytes.get(), 2 * CHUNK);
 }
