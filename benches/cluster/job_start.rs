@@ -63,6 +63,8 @@ pub struct Row {
     pub head_keys: usize,
     pub heads: usize,
     pub walk_secs: f64,
+    /// The share of the machine's cores that were busy during the walk.
+    pub busy: f64,
 }
 
 /// Workload (j) on `n` fresh nodes.
@@ -91,7 +93,7 @@ pub fn run(s: &Setup, net: &Net, n: usize, d: &Dataset) -> Row {
     std::thread::sleep(Duration::from_secs(3));
 
     let rgw_log = Mark::now("STRATA_TEST_RGW_LOG");
-    let start = Instant::now();
+    let (start, cores) = (Instant::now(), super::cpu::Cores::now());
     std::thread::scope(|sc| {
         for (i, m) in mounts.iter().enumerate() {
             let (root, node) = (m.path().join("walk"), &nodes[i]);
@@ -102,7 +104,7 @@ pub fn run(s: &Setup, net: &Net, n: usize, d: &Dataset) -> Row {
             });
         }
     });
-    let walk_secs = start.elapsed().as_secs_f64();
+    let (walk_secs, busy) = (start.elapsed().as_secs_f64(), cores.busy_since());
     let mut lists: HashMap<String, usize> = HashMap::new();
     for r in rgw_log.requests() {
         if r.starts_with(&format!("GET /{}", s.rgw.bucket)) && r.contains("delimiter=") {
@@ -140,6 +142,7 @@ pub fn run(s: &Setup, net: &Net, n: usize, d: &Dataset) -> Row {
         head_keys: heads.len(),
         heads: heads.values().sum(),
         walk_secs,
+        busy,
     };
     eprintln!(
         "cluster: (j) N={n}: walk {walk_secs:.1} s; {} LISTs of {} directories (at most {}); {} HEADs of {} keys",
@@ -170,19 +173,20 @@ pub fn render(rows: &[Row], objects: usize, named: usize) -> String {
     let mut t = format!(
         "\nJob start (j): {objects} objects in directories of {PER_DIR}, `find` and `stat` on every node at once, \
          then {named} keys looked up by name on every node. Counted in RGW's log.\n\n\
-         | N | directories listed | LISTs per directory (max) | LISTs ÷ directories | HEADs ÷ keys looked up | walk ÷ walk at N=1 | walk (s) |\n\
-         |---|---|---|---|---|---|---|\n"
+         | N | directories listed | LISTs per directory (max) | LISTs ÷ directories | HEADs ÷ keys looked up | walk ÷ walk at N=1 | cores busy | walk (s) |\n\
+         |---|---|---|---|---|---|---|---|\n"
     );
     let base = rows.iter().find(|r| r.n == 1).map(|r| r.walk_secs);
     for r in rows {
         let rel = base.map_or("–".into(), |b| format!("{:.2}", r.walk_secs / b));
         t += &format!(
-            "| {} | {} | {} | {:.3} | {:.3} | {rel} | {:.1} |\n",
+            "| {} | {} | {} | {:.3} | {:.3} | {rel} | {:.0}% | {:.1} |\n",
             r.n,
             r.dirs,
             r.lists_max,
             r.lists_total as f64 / r.dirs.max(1) as f64,
             r.heads as f64 / r.head_keys.max(1) as f64,
+            r.busy * 100.0,
             r.walk_secs
         );
     }

@@ -23,6 +23,7 @@
 #[path = "../../tests/common/mod.rs"]
 #[allow(unused_imports)]
 mod common;
+mod cpu;
 mod job_start;
 mod origin_log;
 mod registry_counts;
@@ -145,6 +146,8 @@ struct Row {
     origin: u64,
     secs: f64,
     peer_ratio: Option<f64>,
+    /// The share of the machine's cores that were busy.
+    busy: f64,
 }
 
 /// Runs one workload on `n` fresh nodes: `plan(i, n)` is what node `i` reads, in order.
@@ -158,7 +161,7 @@ fn run(
 ) -> Row {
     let nodes: Vec<Daemon> = (0..n).map(|i| node(i, n, net, s)).collect();
     let before = s.origin_sent.load(Ordering::Relaxed);
-    let start = Instant::now();
+    let (start, cores) = (Instant::now(), cpu::Cores::now());
     let took: Vec<f64> = std::thread::scope(|sc| {
         let handles: Vec<_> = (0..n)
             .map(|i| {
@@ -184,7 +187,7 @@ fn run(
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    let secs = start.elapsed().as_secs_f64();
+    let (secs, busy) = (start.elapsed().as_secs_f64(), cores.busy_since());
     let origin = s.origin_sent.load(Ordering::Relaxed) - before;
     let unique: u64 = {
         let mut read: Vec<usize> = (0..n).flat_map(|i| plan(i, n)).collect();
@@ -202,7 +205,7 @@ fn run(
     });
     save_logs(&format!("{workload}-n{n}"), &nodes);
     eprintln!("cluster: ({workload}) N={n}: {secs:.1} s, origin {origin} B of {unique} unique");
-    Row { workload, n, unique, origin, secs, peer_ratio }
+    Row { workload, n, unique, origin, secs, peer_ratio, busy }
 }
 
 /// Node `i` of `n` for (c) and (m), with a registry mirror.
@@ -221,7 +224,7 @@ fn images(s: &Setup, net: &Net, n: usize) -> (Row, registry_counts::Counts) {
     let hosts = tempfile::tempdir().unwrap();
     let mark = origin_log::Mark::now("STRATA_TEST_REGISTRY_LOG");
     let before = s.registry_sent.load(Ordering::Relaxed);
-    let start = Instant::now();
+    let (start, cores) = (Instant::now(), cpu::Cores::now());
     std::thread::scope(|sc| {
         for (i, node) in nodes.iter().enumerate() {
             let (image, hosts) = (&image, mirror_hosts(hosts.path(), i, &registry()));
@@ -231,7 +234,7 @@ fn images(s: &Setup, net: &Net, n: usize) -> (Row, registry_counts::Counts) {
             });
         }
     });
-    let secs = start.elapsed().as_secs_f64();
+    let (secs, busy) = (start.elapsed().as_secs_f64(), cores.busy_since());
     let reports: Vec<(Vec<serde_json::Value>, f64)> = nodes
         .iter()
         .map(|node| {
@@ -267,7 +270,7 @@ fn images(s: &Setup, net: &Net, n: usize) -> (Row, registry_counts::Counts) {
         .map(|l| (l["layer"].as_str().unwrap().to_owned(), l["blob_size"].as_u64().unwrap()))
         .collect();
     let counts = registry_counts::count("c", n, &mark, IMAGE.split(':').next().unwrap(), &layers);
-    (Row { workload: "c", n, unique, origin, secs, peer_ratio }, counts)
+    (Row { workload: "c", n, unique, origin, secs, peer_ratio, busy }, counts)
 }
 
 /// Workload (m) on `n` fresh nodes: every node's containerd pulls [`PLAIN_IMAGE`] onto
@@ -281,7 +284,7 @@ fn mirrored(s: &Setup, net: &Net, n: usize) -> (Row, registry_counts::Counts) {
     let blobs = image_blobs(repo, tag);
     let mark = origin_log::Mark::now("STRATA_TEST_REGISTRY_LOG");
     let before = s.registry_sent.load(Ordering::Relaxed);
-    let start = Instant::now();
+    let (start, cores) = (Instant::now(), cpu::Cores::now());
     std::thread::scope(|sc| {
         for (i, node) in nodes.iter().enumerate() {
             let d = mirror_hosts(hosts.path(), i, &registry());
@@ -301,7 +304,7 @@ fn mirrored(s: &Setup, net: &Net, n: usize) -> (Row, registry_counts::Counts) {
             });
         }
     });
-    let secs = start.elapsed().as_secs_f64();
+    let (secs, busy) = (start.elapsed().as_secs_f64(), cores.busy_since());
     let origin = s.registry_sent.load(Ordering::Relaxed) - before;
     let counts = registry_counts::count("m", n, &mark, repo, &blobs[1..]);
     let unique: u64 = blobs.iter().map(|(_, size)| size).sum();
@@ -314,7 +317,7 @@ fn mirrored(s: &Setup, net: &Net, n: usize) -> (Row, registry_counts::Counts) {
         per_node.iter().sum::<f64>() / per_node.len() as f64
     });
     eprintln!("cluster: (m) N={n}: {secs:.1} s to every pull and run, origin {origin} B of {unique} unique");
-    (Row { workload: "m", n, unique, origin, secs, peer_ratio }, counts)
+    (Row { workload: "m", n, unique, origin, secs, peer_ratio, busy }, counts)
 }
 
 fn put_files(s: &Setup, prefix: &str, name: &str, count: usize, size: usize, seed: u64) -> Vec<File> {
@@ -441,17 +444,18 @@ fn render(rows: &[Row], mib: usize, origin_mbit: f64, rtt_ms: u64, veth_mbit: f6
     let mut t = format!(
         "{mib} MiB per workload (a), (b) and (d); (c) is {IMAGE}, its containers running `{IMAGE_SCRIPT}`; \
          origin links (RGW, the registry) {origin_mbit} Mbit/s with {rtt_ms} ms added; node veths {veth_mbit} Mbit/s\n\n\
-         | workload | N | origin ÷ unique | time ÷ time at N=1 | peer throughput ÷ veth | wall (s) |\n|---|---|---|---|---|---|\n"
+         | workload | N | origin ÷ unique | time ÷ time at N=1 | peer throughput ÷ veth | cores busy | wall (s) |\n|---|---|---|---|---|---|---|\n"
     );
     for r in rows {
         let base = rows.iter().find(|b| b.workload == r.workload && b.n == 1).map(|b| b.secs);
         let rel = base.map_or("–".into(), |b| format!("{:.2}", r.secs / b));
         let peer = r.peer_ratio.map_or("–".into(), |p| format!("{p:.2}"));
         t += &format!(
-            "| ({}) | {} | {:.3} | {rel} | {peer} | {:.1} |\n",
+            "| ({}) | {} | {:.3} | {rel} | {peer} | {:.0}% | {:.1} |\n",
             r.workload,
             r.n,
             r.origin as f64 / r.unique as f64,
+            r.busy * 100.0,
             r.secs
         );
     }

@@ -28,7 +28,7 @@ pub struct Waits {
     heard: Mutex<HashMap<String, Instant>>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 struct AnswerTimes {
     mean: f64,
     deviation: f64,
@@ -71,10 +71,13 @@ impl Waits {
         lock(&self.answers).timeout(configured)
     }
 
-    /// How much the first-byte timeout is stretched now, at least 1.
+    /// How much slow answers stretch the first-byte timeout now, at least 1, and without the
+    /// backoff: the stall and ping timeouts follow it, and a backoff after a stopped member's
+    /// timeout must not make the next stopped one take longer to be found out.
     pub fn stretch(&self, configured: Duration) -> f64 {
-        let now = self.first_byte(configured).as_secs_f64();
-        (now / configured.as_secs_f64().max(1e-6)).clamp(1.0, MAX_STRETCH as f64)
+        let answers = lock(&self.answers);
+        let smoothed = AnswerTimes { backoff: 1, ..*answers }.timeout(configured).as_secs_f64();
+        (smoothed / configured.as_secs_f64().max(1e-6)).clamp(1.0, MAX_STRETCH as f64)
     }
 
     /// `member` answered a request after `took`.
@@ -162,6 +165,7 @@ mod tests {
         let waited = w.wait("m", MS(250), Duration::from_secs(30), never).await.unwrap_err();
         assert_eq!(waited, MS(250));
         assert_eq!(w.first_byte(MS(250)), MS(500), "the timer doubled");
+        assert_eq!(w.stretch(MS(250)), 1.0, "but not the stall and ping timeouts that follow it");
         w.answered("m", MS(1));
         assert_eq!(w.first_byte(MS(250)), MS(250), "and is recomputed from the next answer");
         for _ in 0..10 {
