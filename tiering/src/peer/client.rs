@@ -8,7 +8,7 @@
 use super::auth::{AUTH_HEADER, PeerSecret, now_secs};
 use super::meta::{MetaAnswer, MetaRequest};
 use super::timing::Waits;
-use super::wire::{Ask, CRC_TRAILER, ChunkRequest, ERROR_TRAILER, HOLDER_HEADER, STATUS_TRAILER};
+use super::wire::{CRC_TRAILER, ChunkRequest, ERROR_TRAILER, HOLDER_HEADER, STATUS_TRAILER};
 use crate::chunkfile::crc32c;
 use crate::{ChunkKey, Identity};
 use bytes::{Bytes, BytesMut};
@@ -185,13 +185,11 @@ impl PeerClient {
         let mut trailers = None;
         // Each piece of the body must come within the stall timeout, or while the member is
         // heard from, the first within the fetch timeout: an owner may be fetching from its
-        // origin. A holder fetches nothing, and one whose own transfer is stuck must not hold
-        // up the members sent to it, so its first piece comes within the stall timeout too. A
-        // whole chunk is at most a few MiB, so the answer is held whole before it is checked.
-        let first_wait = if req.ask == Ask::Holder { self.stall_timeout() } else { self.timeouts.fetch };
+        // origin, and a holder receiving from such an owner. A whole chunk is at most a few
+        // MiB, so the answer is held whole before it is checked.
         loop {
             let first = data.len() == have.len();
-            let window = if first { first_wait } else { self.stall_timeout() };
+            let window = if first { self.timeouts.fetch } else { self.stall_timeout() };
             match self.waits.wait(member, window, self.timeouts.fetch.max(window), body.frame()).await {
                 Err(after) if parts.status.is_success() && !first => {
                     let got = data.freeze().slice(have.len()..);
