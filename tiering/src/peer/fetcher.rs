@@ -130,6 +130,11 @@ impl PeerTier {
         *seen.entry(member.to_owned()).or_insert_with(|| self.me.is(member))
     }
 
+    /// This node's name among `members`, if it is one of them.
+    fn own_name(&self, members: &super::Members) -> Option<String> {
+        members.list().iter().find(|m| self.is_self(&m.name)).map(|m| m.name.clone())
+    }
+
     fn is_suspect(&self, member: &str) -> bool {
         let mut s = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
         match s.get(member) {
@@ -175,7 +180,7 @@ impl PeerTier {
         if members.is_empty() {
             return None;
         }
-        let me = members.list().iter().find(|m| self.is_self(&m.name)).map(|m| m.name.clone());
+        let me = self.own_name(&members);
         // Bytes from a transfer that stalled, which the next member is asked to go on from.
         let mut have = Bytes::new();
         let mut tried = 0;
@@ -381,7 +386,7 @@ impl Fetcher for StandIn {
         let req = ChunkRequest::new(key.clone(), self.size);
         async move {
             if !tier.is_suspect(&owner) {
-                let me = tier.membership.current().list().iter().find(|m| tier.is_self(&m.name)).map(|m| m.name.clone());
+                let me = tier.own_name(&tier.membership.current());
                 let ask = ChunkRequest { from: me.clone(), ..req.clone() };
                 match tier.ask_owner(&owner, &ask, &Bytes::new(), me.as_deref()).await {
                     Ok(bytes) => {
