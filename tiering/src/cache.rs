@@ -8,6 +8,7 @@ use crate::key::{ChunkKey, KeyId};
 use crate::metrics::{self, Metrics};
 use crate::pattern::PathPattern;
 use crate::policy::Policy;
+use crate::progress::{Progress, Tail};
 use crate::restore;
 use crate::status::{CacheStatus, TierStatus};
 use crate::tier::{Tier, TierConfig, TierKind};
@@ -25,6 +26,37 @@ use tracing::{Instrument, info, warn};
 /// from then on.
 pub trait Fetcher: Send + Sync + 'static {
     fn fetch(&self, key: &ChunkKey) -> BoxFuture<'static, Result<Bytes, FetchError>>;
+
+    /// As [`Fetcher::fetch`], telling `progress` of the bytes as they arrive, for readers that
+    /// pass them on before the chunk is whole. A fetcher that cannot tell leaves it alone; its
+    /// readers get the chunk when it is whole.
+    fn fetch_streaming(&self, key: &ChunkKey, progress: Progress) -> BoxFuture<'static, Result<Bytes, FetchError>> {
+        let _ = progress;
+        self.fetch(key)
+    }
+}
+
+/// A chunk as [`TieredCache::stream`] gives it.
+pub enum Streamed {
+    /// A local tier held it.
+    Whole(Bytes),
+    /// It is being fetched: its pieces as they arrive, unchecked, and then the fetcher's answer.
+    Arriving { tail: Tail, answer: BoxFuture<'static, Result<Bytes, CacheError>> },
+}
+
+impl std::fmt::Debug for Streamed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Streamed::Whole(b) => write!(f, "Whole({} bytes)", b.len()),
+            Streamed::Arriving { .. } => f.write_str("Arriving"),
+        }
+    }
+}
+
+/// What a read found: the bytes, or the fetch to join.
+enum Joined {
+    Hit(Bytes),
+    Flight(InFlight),
 }
 
 /// How a read treats a miss.
@@ -54,6 +86,7 @@ pub struct CacheConfig {
 struct InFlight {
     data: Shared<BoxFuture<'static, Result<Bytes, FetchError>>>,
     cached: Shared<BoxFuture<'static, ()>>,
+    progress: Progress,
 }
 
 impl std::fmt::Debug for InFlight {
@@ -148,6 +181,34 @@ impl TieredCache {
     /// Reads a chunk: hot, then warm (promoting in the background), then the fetcher. Misses on
     /// one chunk share one fetch.
     pub async fn get(&self, key: &ChunkKey, fetcher: Arc<dyn Fetcher>, opts: GetOptions) -> Result<Bytes, CacheError> {
+        match self.join(key, fetcher, opts).await? {
+            Joined::Hit(bytes) => Ok(bytes),
+            Joined::Flight(fut) => {
+                let data = fut.data.await.map_err(|source| CacheError::Fetch { key: key.to_string(), source })?;
+                if opts.wait_cached {
+                    fut.cached.await;
+                }
+                Ok(data)
+            }
+        }
+    }
+
+    /// Reads a chunk as [`TieredCache::get`] does, but a miss gives the bytes as they arrive
+    /// from the fetcher (see [`Fetcher::fetch_streaming`]): for a member passing the chunk on
+    /// to another, who checks it whole.
+    pub async fn stream(&self, key: &ChunkKey, fetcher: Arc<dyn Fetcher>) -> Result<Streamed, CacheError> {
+        Ok(match self.join(key, fetcher, GetOptions::default()).await? {
+            Joined::Hit(bytes) => Streamed::Whole(bytes),
+            Joined::Flight(fut) => {
+                let key = key.to_string();
+                let answer = fut.data.map(|r| r.map_err(|source| CacheError::Fetch { key, source })).boxed();
+                Streamed::Arriving { tail: fut.progress.tail(), answer }
+            }
+        })
+    }
+
+    /// A hit, or the fetch of the miss: joined if one is in flight, else started.
+    async fn join(&self, key: &ChunkKey, fetcher: Arc<dyn Fetcher>, opts: GetOptions) -> Result<Joined, CacheError> {
         let resolved = self.core.resolve(&key.path);
         let id = key.id();
         for _ in 0..3 {
@@ -168,7 +229,7 @@ impl TieredCache {
                     if hit.promote && opts.tier != Some(TierKind::Warm) {
                         self.promote_in_background(id);
                     }
-                    return Ok(hit.bytes);
+                    return Ok(Joined::Hit(hit.bytes));
                 }
             }
             let fut = {
@@ -185,11 +246,7 @@ impl TieredCache {
                     f
                 }
             };
-            let data = fut.data.await.map_err(|source| CacheError::Fetch { key: key.to_string(), source })?;
-            if opts.wait_cached {
-                fut.cached.await;
-            }
-            return Ok(data);
+            return Ok(Joined::Flight(fut));
         }
         Err(CacheError::Task(format!("chunk {key} kept vanishing from the cache while being read")))
     }
@@ -243,6 +300,8 @@ impl TieredCache {
         let core = self.core.clone();
         let inflight = self.inflight.clone();
         let (tx, rx) = tokio::sync::oneshot::channel::<Result<Bytes, FetchError>>();
+        let progress = Progress::default();
+        let told = progress.clone();
         let span = tracing::info_span!("cold_fetch", chunk = %key);
         // The fetch runs as its own task so a reader that gives up does not cancel it for the
         // others waiting on the same chunk. Readers get the bytes as soon as they arrive; writing
@@ -251,7 +310,9 @@ impl TieredCache {
             async move {
                 let started = Instant::now();
                 core.metrics.cold_fetches.inc();
-                let result = fetcher.fetch(&key).await;
+                let finished = told.finish_on_drop();
+                let result = fetcher.fetch_streaming(&key, told).await;
+                drop(finished);
                 core.metrics.cold_fetch_seconds.0.observe(started.elapsed().as_secs_f64());
                 match &result {
                     Ok(data) => {
@@ -289,7 +350,7 @@ impl TieredCache {
         }
         .boxed()
         .shared();
-        InFlight { data, cached }
+        InFlight { data, cached, progress }
     }
 
     /// Serves a chunk only if a local tier holds it; never fetches. For callers on their own

@@ -20,6 +20,7 @@ mod partcopy;
 pub mod pattern;
 pub mod peer;
 pub mod policy;
+pub mod progress;
 pub mod requests;
 mod restore;
 pub mod services;
@@ -31,7 +32,7 @@ pub mod upload;
 pub mod warmup;
 mod whole;
 
-pub use cache::{CacheConfig, Fetcher, GetOptions, Moved, PolicyPass, TieredCache};
+pub use cache::{CacheConfig, Fetcher, GetOptions, Moved, PolicyPass, Streamed, TieredCache};
 pub use core::Pin;
 pub use error::{CacheError, FetchError};
 pub use key::{ChunkKey, Identity, KeyId};

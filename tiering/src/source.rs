@@ -8,6 +8,7 @@ use crate::cache::Fetcher;
 use crate::error::FetchError;
 use crate::key::{ChunkKey, Identity};
 use crate::partcopy::{CopySource, PartCopier};
+use crate::progress::Progress;
 use crate::requests::{CountingConnector, RequestCounts};
 use crate::units::{ByteSize, Dur};
 use bytes::Bytes;
@@ -524,14 +525,14 @@ impl ObjectSource {
     /// Reads `len` bytes at `offset` of one version of an object, `size` bytes long. A read of
     /// all of it goes without a `Range`: Ceph RGW spends about a quarter more CPU on a ranged
     /// GET than on a plain one, which on a dataset of small files (one chunk each) is most of
-    /// what it does. `If-Match` and the length check hold either way.
+    /// what it does. `If-Match` and the length check hold either way. `progress` is told of
+    /// the body's pieces as they arrive; it gets no check, the answer does.
     pub async fn get_version(
         &self,
         path: &str,
         version: &str,
-        offset: u64,
-        len: u64,
-        size: u64,
+        (offset, len, size): (u64, u64, u64),
+        progress: Option<&Progress>,
     ) -> Result<Bytes, SourceError> {
         let loc = self.location(path);
         let whole = offset == 0 && len == size;
@@ -542,7 +543,14 @@ impl ObjectSource {
         };
         let get = async {
             let r = self.store.get_opts(&loc, opts).await?;
-            r.bytes().await
+            let Some(progress) = progress else { return r.bytes().await };
+            let mut body = r.into_stream();
+            let mut whole = bytes::BytesMut::with_capacity(len as usize);
+            while let Some(piece) = body.try_next().await? {
+                progress.arrived(whole.len() as u64, &piece);
+                whole.extend_from_slice(&piece);
+            }
+            Ok(whole.freeze())
         };
         let bytes = match self.bounded("GET", path, get).await {
             Err(SourceError::Request { source, .. }) if matches!(*source, object_store::Error::Precondition { .. }) => {
@@ -778,6 +786,16 @@ struct ObjectFetcher {
 
 impl Fetcher for ObjectFetcher {
     fn fetch(&self, key: &ChunkKey) -> BoxFuture<'static, Result<Bytes, FetchError>> {
+        self.get(key, None)
+    }
+
+    fn fetch_streaming(&self, key: &ChunkKey, progress: Progress) -> BoxFuture<'static, Result<Bytes, FetchError>> {
+        self.get(key, Some(progress))
+    }
+}
+
+impl ObjectFetcher {
+    fn get(&self, key: &ChunkKey, progress: Option<Progress>) -> BoxFuture<'static, Result<Bytes, FetchError>> {
         let source = self.source.clone();
         let size = self.size;
         let key = key.clone();
@@ -787,7 +805,8 @@ impl Fetcher for ObjectFetcher {
             };
             let offset = index * chunk_size;
             let len = (*chunk_size).min(size.saturating_sub(offset));
-            source.get_version(&key.path, version, offset, len, size).await.map_err(|e| Arc::new(e) as FetchError)
+            let got = source.get_version(&key.path, version, (offset, len, size), progress.as_ref()).await;
+            got.map_err(|e| Arc::new(e) as FetchError)
         }
         .boxed()
     }

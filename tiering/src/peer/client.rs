@@ -10,6 +10,7 @@ use super::meta::{MetaAnswer, MetaRequest};
 use super::timing::Waits;
 use super::wire::{CRC_TRAILER, ChunkRequest, ERROR_TRAILER, HOLDER_HEADER, STATUS_TRAILER};
 use crate::chunkfile::crc32c;
+use crate::progress::Progress;
 use crate::{ChunkKey, Identity};
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Empty};
@@ -160,17 +161,30 @@ impl PeerClient {
     }
 
     /// Chunk `req` from `member`, checked. `have` holds the bytes before `req.start`, from a
-    /// transfer that stalled; the answer is the whole chunk.
-    pub async fn get_chunk(&self, member: &str, req: &ChunkRequest, have: &Bytes) -> Result<Bytes, PeerError> {
+    /// transfer that stalled; the answer is the whole chunk. `progress`, if any, is told of
+    /// each piece as it comes, before the check.
+    pub async fn get_chunk(
+        &self,
+        member: &str,
+        req: &ChunkRequest,
+        have: &Bytes,
+        progress: Option<&Progress>,
+    ) -> Result<Bytes, PeerError> {
         debug_assert_eq!(have.len() as u64, req.start);
-        let result = self.try_get(member, req, have).await;
+        let result = self.try_get(member, req, have, progress).await;
         if result.as_ref().is_err_and(|e| e.blames_member()) {
             self.drop_connection(member);
         }
         result
     }
 
-    async fn try_get(&self, member: &str, req: &ChunkRequest, have: &Bytes) -> Result<Bytes, PeerError> {
+    async fn try_get(
+        &self,
+        member: &str,
+        req: &ChunkRequest,
+        have: &Bytes,
+        progress: Option<&Progress>,
+    ) -> Result<Bytes, PeerError> {
         let transport =
             |e: &dyn std::fmt::Display| PeerError::Transport { member: member.to_owned(), reason: e.to_string() };
         let timeout = |after| PeerError::Timeout { member: member.to_owned(), waiting_for: "chunk", after };
@@ -184,9 +198,10 @@ impl PeerClient {
         let mut data = BytesMut::from(&have[..]);
         let mut trailers = None;
         // Each piece of the body must come within the stall timeout, or while the member is
-        // heard from, the first within the fetch timeout: an owner may be fetching from its
-        // origin, and a holder receiving from such an owner. A whole chunk is at most a few
+        // heard from, the first within the fetch timeout: an owner may be waiting on its
+        // origin's first byte, and a holder on such an owner. A whole chunk is at most a few
         // MiB, so the answer is held whole before it is checked.
+        let progress = progress.filter(|_| parts.status.is_success());
         loop {
             let first = data.len() == have.len();
             let window = if first { self.timeouts.fetch } else { self.stall_timeout() };
@@ -201,7 +216,12 @@ impl PeerClient {
                 Ok(Some(Ok(frame))) => {
                     self.waits.heard(member);
                     match frame.into_data() {
-                        Ok(piece) => data.extend_from_slice(&piece),
+                        Ok(piece) => {
+                            if let Some(p) = progress {
+                                p.arrived(data.len() as u64, &piece);
+                            }
+                            data.extend_from_slice(&piece)
+                        }
                         Err(frame) => trailers = frame.into_trailers().ok(),
                     }
                 }

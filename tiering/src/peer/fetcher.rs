@@ -10,6 +10,7 @@ use super::client::{PeerClient, PeerError};
 use super::members::Membership;
 use super::meta::{Listed, MetaRequest};
 use super::wire::{Ask, ChunkRequest};
+use crate::progress::Progress;
 use crate::{ChunkKey, FetchError, Fetcher, PathPattern};
 use bytes::Bytes;
 use futures::FutureExt;
@@ -175,7 +176,7 @@ impl PeerTier {
 
     /// The chunk from the members, in rendezvous order: `None` when this node should fetch it
     /// from the origin itself (it is the first choice not suspect, or all tried failed).
-    async fn ask_peers(&self, req: &ChunkRequest) -> Option<Bytes> {
+    async fn ask_peers(&self, req: &ChunkRequest, progress: &Progress) -> Option<Bytes> {
         let members = self.membership.current();
         if members.is_empty() {
             return None;
@@ -201,7 +202,7 @@ impl PeerTier {
             if !have.is_empty() {
                 self.metrics.resumed.inc();
             }
-            match self.ask_owner(&m.name, &ask, &have, me.as_deref()).await {
+            match self.ask_owner(&m.name, &ask, &have, me.as_deref(), progress).await {
                 Ok(bytes) => {
                     self.metrics.peer_bytes.inc_by(bytes.len() as u64);
                     if self.falling_back.swap(false, Ordering::Relaxed) {
@@ -240,15 +241,16 @@ impl PeerTier {
         req: &ChunkRequest,
         have: &Bytes,
         me: Option<&str>,
+        progress: &Progress,
     ) -> Result<Bytes, PeerError> {
-        let to = match self.client.get_chunk(owner, req, have).await {
+        let to = match self.client.get_chunk(owner, req, have, Some(progress)).await {
             Err(PeerError::Redirect { to, .. }) => to,
             other => return other,
         };
         if Some(to.as_str()) != me && !self.is_suspect(&to) {
             self.metrics.redirected.inc();
             let holder = ChunkRequest { ask: Ask::Holder, ..req.clone() };
-            match self.client.get_chunk(&to, &holder, have).await {
+            match self.client.get_chunk(&to, &holder, have, Some(progress)).await {
                 Ok(bytes) => return Ok(bytes),
                 Err(e) => {
                     self.failed(&to, &e);
@@ -256,7 +258,7 @@ impl PeerTier {
                 }
             }
         }
-        self.client.get_chunk(owner, &ChunkRequest { ask: Ask::Direct, ..req.clone() }, have).await
+        self.client.get_chunk(owner, &ChunkRequest { ask: Ask::Direct, ..req.clone() }, have, Some(progress)).await
     }
 
     /// The fetcher this node serves chunk `req` with when a member asks it: `origin`, unless
@@ -353,17 +355,21 @@ struct PeerFetcher {
 
 impl Fetcher for PeerFetcher {
     fn fetch(&self, key: &ChunkKey) -> BoxFuture<'static, Result<Bytes, FetchError>> {
+        self.fetch_streaming(key, Progress::default())
+    }
+
+    fn fetch_streaming(&self, key: &ChunkKey, progress: Progress) -> BoxFuture<'static, Result<Bytes, FetchError>> {
         let (tier, origin) = (self.tier.clone(), self.origin.clone());
         let req = ChunkRequest::new(key.clone(), self.size);
         async move {
             // Only fetchers wrapped for the peer tier come here: an object's chunks, and a
             // registry's segments, manifests and configs, which members fetch for each other.
             if tier.shares(&req.key.path)
-                && let Some(bytes) = tier.ask_peers(&req).await
+                && let Some(bytes) = tier.ask_peers(&req, &progress).await
             {
                 return Ok(bytes);
             }
-            let bytes = origin.fetch(&req.key).await?;
+            let bytes = origin.fetch_streaming(&req.key, progress).await?;
             tier.metrics.origin_bytes.inc_by(bytes.len() as u64);
             Ok(bytes)
         }
@@ -382,13 +388,17 @@ struct StandIn {
 
 impl Fetcher for StandIn {
     fn fetch(&self, key: &ChunkKey) -> BoxFuture<'static, Result<Bytes, FetchError>> {
+        self.fetch_streaming(key, Progress::default())
+    }
+
+    fn fetch_streaming(&self, key: &ChunkKey, progress: Progress) -> BoxFuture<'static, Result<Bytes, FetchError>> {
         let (tier, origin, owner) = (self.tier.clone(), self.origin.clone(), self.owner.clone());
         let req = ChunkRequest::new(key.clone(), self.size);
         async move {
             if !tier.is_suspect(&owner) {
                 let me = tier.own_name(&tier.membership.current());
                 let ask = ChunkRequest { from: me.clone(), ..req.clone() };
-                match tier.ask_owner(&owner, &ask, &Bytes::new(), me.as_deref()).await {
+                match tier.ask_owner(&owner, &ask, &Bytes::new(), me.as_deref(), &progress).await {
                     Ok(bytes) => {
                         tier.metrics.stood_in.inc();
                         tier.metrics.peer_bytes.inc_by(bytes.len() as u64);
@@ -400,7 +410,7 @@ impl Fetcher for StandIn {
                     }
                 }
             }
-            let bytes = origin.fetch(&req.key).await?;
+            let bytes = origin.fetch_streaming(&req.key, progress).await?;
             tier.metrics.origin_bytes.inc_by(bytes.len() as u64);
             Ok(bytes)
         }

@@ -9,9 +9,10 @@ use super::auth::{AUTH_HEADER, PeerSecret, now_secs};
 use super::hot::{Admission, HotChunks, SendGuard};
 use super::meta::{META_PATH, MetaCache, MetaRequest};
 use super::wire::{Ask, CHUNK_PATH, CRC_TRAILER, ChunkRequest, ERROR_TRAILER, HOLDER_HEADER, STATUS_TRAILER};
-use crate::chunkfile::crc32c;
+use crate::chunkfile::{Crc32c, crc32c};
+use crate::progress::Tail;
 use crate::source::{ObjectInfo, ObjectSource};
-use crate::{ChunkKey, FetchError, Fetcher, GetOptions, Identity, PathPattern, TieredCache};
+use crate::{CacheError, ChunkKey, FetchError, Fetcher, Identity, PathPattern, Streamed, TieredCache};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
@@ -21,6 +22,7 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use http_body_util::StreamBody;
 use hyper::body::Frame;
+use prometheus_client::metrics::counter::Counter;
 use std::sync::Arc;
 
 /// Where this node fetches a chunk from when it serves a peer and does not hold it.
@@ -188,52 +190,143 @@ async fn chunk(State(s): State<ServeState>, uri: Uri, headers: HeaderMap) -> Res
     };
     // The answer starts at once, before the chunk is fetched: that an owner is alive and
     // serving is told within the asker's short first-byte timeout, however slow the origin.
+    // Then each piece goes as it arrives from the origin (or from the member this node is
+    // receiving the chunk from), not once the chunk is whole: store and forward would cost a
+    // chunk's transfer time at every hop.
     let sent = if guard.is_some() { s.metrics.served_bytes.clone() } else { s.metrics.holder_served_bytes.clone() };
-    let fetched = async move { (s.cache.get(&req.key, fetcher, GetOptions::default()).await, req.start) };
-    let frames = futures::stream::once(fetched).flat_map(move |(got, start)| match got {
-        Ok(bytes) => match bytes.get(start as usize..).map(|r| bytes.slice_ref(r)) {
-            Some(rest) => {
-                sent.inc_by(rest.len() as u64);
-                let crc = format!("{:08x}", crc32c(&bytes));
-                pieces(rest, crc, guard.take())
+    let start = req.start;
+    let streamed = async move { s.cache.stream(&req.key, fetcher).await };
+    let frames = futures::stream::once(streamed).flat_map(move |got| {
+        let mut sending = Sending {
+            tail: None,
+            answer: None,
+            whole: None,
+            rest: Bytes::new(),
+            start,
+            seen: 0,
+            crc: Crc32c::default(),
+            unchecked: false,
+            guard: guard.take(),
+            sent: sent.clone(),
+        };
+        match got {
+            Ok(Streamed::Whole(bytes)) => {
+                sending.take(bytes.clone());
+                sending.whole = Some(Ok(bytes));
             }
-            None => {
-                let why = format!("byte {start} is past the {}-byte chunk", bytes.len());
-                failure(StatusCode::BAD_REQUEST, &why)
+            Ok(Streamed::Arriving { tail, answer }) => {
+                (sending.tail, sending.answer) = (Some(tail), Some(answer));
             }
-        },
-        // The origin's own error, for the requester's log: it goes to the origin itself next.
-        Err(e) => failure(StatusCode::BAD_GATEWAY, &e.to_string()),
+            Err(e) => sending.whole = Some(Err(e)),
+        }
+        futures::stream::unfold(sending, |mut s| async move {
+            s.next().await.map(|f| (Ok::<_, std::convert::Infallible>(f), s))
+        })
+        .boxed()
     });
     (StatusCode::OK, Body::new(StreamBody::new(frames))).into_response()
 }
 
 type Frames = futures::stream::BoxStream<'static, Result<Frame<Bytes>, std::convert::Infallible>>;
 
-/// How much of a chunk goes in one piece of the body: the transfer counts against the hot
-/// bound until its last piece is taken, and a requester sees progress piece by piece.
+/// How much of a chunk goes in one piece of the body at most: the transfer counts against the
+/// hot bound until its last piece is taken, and a requester sees progress piece by piece.
 const PIECE: usize = 256 << 10;
 
-/// `bytes` in pieces, then the trailers with the whole chunk's CRC32C, holding `guard` until
-/// the last piece has been taken by the connection.
-fn pieces(bytes: Bytes, crc: String, guard: Option<SendGuard>) -> Frames {
-    let data = futures::stream::unfold((bytes, guard), |(mut rest, guard)| async move {
-        if rest.is_empty() {
-            drop(guard);
-            return None;
+/// One chunk's answer as it goes out: the pieces past the asker's `start` as they arrive, then
+/// trailers with the whole chunk's CRC32C, or why there is no chunk. The CRC is of what this
+/// node sent, and it is sent only if that is the chunk the fetch answered with.
+struct Sending {
+    tail: Option<Tail>,
+    answer: Option<BoxFuture<'static, Result<Bytes, CacheError>>>,
+    whole: Option<Result<Bytes, CacheError>>,
+    /// What is yet to go of the last piece taken.
+    rest: Bytes,
+    start: u64,
+    /// Bytes of the chunk taken so far, sent or skipped, and their CRC32C.
+    seen: u64,
+    crc: Crc32c,
+    /// Whether any piece came before the fetch's answer, and so must be checked against it.
+    unchecked: bool,
+    /// Held until the last piece has been taken by the connection.
+    guard: Option<SendGuard>,
+    sent: Counter,
+}
+
+impl Sending {
+    fn take(&mut self, piece: Bytes) {
+        self.crc.update(&piece);
+        let from = self.seen;
+        self.seen += piece.len() as u64;
+        if self.seen > self.start {
+            self.rest = piece.slice(self.start.saturating_sub(from) as usize..);
         }
-        let piece = rest.split_to(rest.len().min(PIECE));
-        Some((Ok(Frame::data(piece)), (rest, guard)))
-    });
-    data.chain(futures::stream::once(async move { Ok(Frame::trailers(trailers(&[(CRC_TRAILER, crc)]))) })).boxed()
+    }
+
+    async fn next(&mut self) -> Option<Frame<Bytes>> {
+        loop {
+            if !self.rest.is_empty() {
+                let piece = self.rest.split_to(self.rest.len().min(PIECE));
+                self.sent.inc_by(piece.len() as u64);
+                return Some(Frame::data(piece));
+            }
+            if let Some(tail) = self.tail.as_mut() {
+                match tail.next().await {
+                    Some(piece) => {
+                        self.unchecked = true;
+                        self.take(piece);
+                    }
+                    None => self.tail = None,
+                }
+                continue;
+            }
+            if let Some(answer) = self.answer.take() {
+                let got = answer.await;
+                if let Ok(bytes) = &got
+                    && (self.seen as usize) < bytes.len()
+                {
+                    self.take(bytes.slice(self.seen as usize..));
+                }
+                self.whole = Some(got);
+                continue;
+            }
+            let whole = self.whole.take()?;
+            self.guard = None;
+            return Some(Frame::trailers(self.verdict(whole)));
+        }
+    }
+
+    fn verdict(&self, whole: Result<Bytes, CacheError>) -> HeaderMap {
+        let bytes = match whole {
+            Ok(b) => b,
+            // The origin's own error, for the requester's log: it goes to the origin itself next.
+            Err(e) => return failure_trailers(StatusCode::BAD_GATEWAY, &e.to_string()),
+        };
+        if self.start > bytes.len() as u64 {
+            let why = format!("byte {} is past the {}-byte chunk", self.start, bytes.len());
+            return failure_trailers(StatusCode::BAD_REQUEST, &why);
+        }
+        let crc = self.crc.finish();
+        if self.seen != bytes.len() as u64 || (self.unchecked && crc != crc32c(&bytes)) {
+            // The fetch began again after a bad answer, say: what went is not the chunk.
+            let why = "the bytes sent as they arrived are not the chunk the fetch answered with";
+            return failure_trailers(StatusCode::BAD_GATEWAY, why);
+        }
+        trailers(&[(CRC_TRAILER, format!("{crc:08x}"))])
+    }
 }
 
 /// A failure found once the answer had started: no data, and the status and why in trailers.
 fn failure(status: StatusCode, why: &str) -> Frames {
+    let t = failure_trailers(status, why);
+    futures::stream::once(async move { Ok(Frame::trailers(t)) }).boxed()
+}
+
+/// The trailers of a failure found once the answer had started: its status, and why.
+fn failure_trailers(status: StatusCode, why: &str) -> HeaderMap {
     // A header value holds visible ASCII and spaces only, and a reason needs no more than a line.
     let why: String = why.chars().map(|c| if c == ' ' || c.is_ascii_graphic() { c } else { '?' }).take(300).collect();
-    let t = trailers(&[(STATUS_TRAILER, status.as_u16().to_string()), (ERROR_TRAILER, why)]);
-    futures::stream::once(async move { Ok(Frame::trailers(t)) }).boxed()
+    trailers(&[(STATUS_TRAILER, status.as_u16().to_string()), (ERROR_TRAILER, why)])
 }
 
 fn trailers(fields: &[(&'static str, String)]) -> HeaderMap {

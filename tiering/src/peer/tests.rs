@@ -7,6 +7,7 @@ use super::server::{Origin, ServeState, serve};
 use super::wire::{CHUNK_PATH, CRC_TRAILER, ChunkRequest};
 use super::*;
 use crate::chunkfile::crc32c;
+use crate::progress::Progress;
 use crate::{
     CacheConfig, ChunkKey, FetchError, Fetcher, GetOptions, Identity, KeyId, PathPattern, Policy, TierConfig,
     TieredCache,
@@ -41,6 +42,9 @@ struct TestOrigin {
     /// How long each fetch takes: long enough that readers of one chunk overlap, as they do
     /// on a real store.
     delay: Duration,
+    /// For an origin that streams: the first half of a chunk arrives at once, the rest only
+    /// once the gate has a permit. A lying one streams a wrong first half.
+    gate: Option<(Arc<tokio::sync::Semaphore>, bool)>,
 }
 
 impl TestOrigin {
@@ -56,7 +60,15 @@ impl TestOrigin {
             data,
             asked: Mutex::default(),
             delay,
+            gate: None,
         })
+    }
+
+    fn gated(size: usize, lie: bool) -> (Arc<TestOrigin>, Arc<tokio::sync::Semaphore>) {
+        let mut o = Arc::into_inner(TestOrigin::slow(size, Duration::ZERO)).unwrap();
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        o.gate = Some((gate.clone(), lie));
+        (Arc::new(o), gate)
     }
 
     fn key(&self, index: u64) -> ChunkKey {
@@ -87,6 +99,22 @@ impl Fetcher for OriginFetcher {
             tokio::time::sleep(origin.delay).await;
             let Identity::Object { index, .. } = key.identity else { unreachable!("object keys only") };
             Ok(origin.expected(index))
+        }
+        .boxed()
+    }
+
+    fn fetch_streaming(&self, key: &ChunkKey, progress: Progress) -> BoxFuture<'static, Result<Bytes, FetchError>> {
+        let Some((gate, lie)) = self.0.gate.clone() else { return self.fetch(key) };
+        let (origin, key) = (self.0.clone(), key.clone());
+        async move {
+            *origin.asked.lock().unwrap().entry(key.id()).or_default() += 1;
+            let Identity::Object { index, .. } = key.identity else { unreachable!("object keys only") };
+            let whole = origin.expected(index);
+            let half = whole.slice(..whole.len() / 2);
+            let told = if lie { Bytes::from(half.iter().map(|b| !b).collect::<Vec<u8>>()) } else { half };
+            progress.arrived(0, &told);
+            let _permit = gate.acquire().await.unwrap();
+            Ok(whole)
         }
         .boxed()
     }
@@ -228,7 +256,7 @@ async fn a_request_without_the_clusters_secret_is_refused() {
     let nodes = cluster(1, &origin, &[]).await;
     let req = ChunkRequest::new(origin.key(0), CHUNK);
     let stranger = PeerClient::new(test_secret(2), TIMEOUTS);
-    match stranger.get_chunk(&nodes[0].name, &req, &Bytes::new()).await {
+    match stranger.get_chunk(&nodes[0].name, &req, &Bytes::new(), None).await {
         Err(PeerError::Status { status: 401, message, .. }) => {
             assert_eq!(message, "the request is not signed with this cluster's peer secret")
         }
@@ -442,7 +470,7 @@ async fn a_path_marked_not_shared_never_crosses_the_peer_port() {
     // And a member that asks anyway is refused.
     let client = PeerClient::new(test_secret(1), TIMEOUTS);
     match client
-        .get_chunk(&nodes[0].name, &ChunkRequest::new(origin.key(0), origin.data.len() as u64), &Bytes::new())
+        .get_chunk(&nodes[0].name, &ChunkRequest::new(origin.key(0), origin.data.len() as u64), &Bytes::new(), None)
         .await
     {
         Err(PeerError::Status { status: 404, message, .. }) => {
@@ -616,4 +644,69 @@ async fn a_member_that_only_answered_late_is_trusted_again_once_heard_from() {
     owned.sort_unstable();
     assert_eq!(asked, owned, "each chunk asked of it once");
     assert_eq!(m.peer_bytes.get(), 2 * CHUNK);
+}
+
+/// Reads `tail` until it has given `n` bytes.
+async fn first_bytes(tail: &mut crate::progress::Tail, n: usize) -> Vec<u8> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        let piece = tokio::time::timeout(Duration::from_secs(5), tail.next()).await.expect("a piece in time");
+        got.extend_from_slice(&piece.expect("the fetch is still going"));
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_and_a_holder_pass_each_piece_on_as_it_arrives() {
+    let (origin, gate) = TestOrigin::gated((4 * CHUNK) as usize, false);
+    let nodes = Arc::new(cluster_with(3, &origin, &[], 1, TIMEOUTS, &[]).await);
+    let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    let i = owned_by(&origin, &names, &names[0], 1)[0];
+    let (key, want) = (origin.key(i), origin.expected(i));
+    let half = want.len() / 2;
+
+    // Node 1 reads a chunk node 0 owns: the first half is here while node 0's origin has
+    // yet to give the rest.
+    let fetcher = nodes[1].tier.wrap(Arc::new(OriginFetcher(origin.clone())), origin.data.len() as u64);
+    let crate::Streamed::Arriving { mut tail, answer } = nodes[1].cache.stream(&key, fetcher).await.unwrap() else {
+        panic!("a miss arrives");
+    };
+    assert_eq!(first_bytes(&mut tail, half).await, want[..half]);
+
+    // Node 2 asks node 1, as a holder: node 1 passes on what it has of the chunk so far.
+    let told = Progress::default();
+    let holder =
+        ChunkRequest { ask: super::wire::Ask::Holder, ..ChunkRequest::new(key.clone(), origin.data.len() as u64) };
+    let client = PeerClient::new(test_secret(1), TIMEOUTS);
+    let second = {
+        let (told, name) = (told.clone(), names[1].clone());
+        tokio::spawn(async move { client.get_chunk(&name, &holder, &Bytes::new(), Some(&told)).await })
+    };
+    assert_eq!(first_bytes(&mut told.tail(), half).await, want[..half]);
+    assert!(!second.is_finished(), "nothing is whole yet");
+
+    gate.add_permits(8);
+    assert_eq!(answer.await.unwrap(), want);
+    assert_eq!(second.await.unwrap().unwrap(), want, "checked whole by its CRC at the end");
+    assert_eq!(origin.asked().values().sum::<usize>(), 1, "{:?}", origin.asked());
+}
+
+#[tokio::test]
+async fn pieces_that_are_not_the_fetched_chunk_are_never_vouched_for() {
+    let (origin, gate) = TestOrigin::gated(CHUNK as usize, true);
+    let nodes = cluster(1, &origin, &[]).await;
+    gate.add_permits(1);
+    let client = PeerClient::new(test_secret(1), TIMEOUTS);
+    let got = client.get_chunk(&nodes[0].name, &ChunkRequest::new(origin.key(0), CHUNK), &Bytes::new(), None).await;
+    match got {
+        Err(e @ PeerError::Status { status: 502, .. }) => {
+            assert!(e.to_string().contains("not the chunk the fetch answered with"), "{e}");
+            assert!(e.is_origin_failure(), "the asker goes to its origin: {e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Once whole in the owner's tier, the chunk goes right.
+    nodes[0].cache.settled(&[origin.key(0)], Duration::from_secs(5)).await;
+    let again = client.get_chunk(&nodes[0].name, &ChunkRequest::new(origin.key(0), CHUNK), &Bytes::new(), None).await;
+    assert_eq!(again.unwrap(), origin.expected(0));
 }
