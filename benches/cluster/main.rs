@@ -378,7 +378,7 @@ fn main() {
         },
     );
     for i in 0..most {
-        net.shape(i, &format!("{veth_mbit}mbit"));
+        net.shape(i, veth_mbit);
         net.wait_reaches(i, &format!("198.18.0.1:{origin_port}"));
         net.wait_reaches(i, REGISTRY_VIA);
     }

@@ -70,8 +70,14 @@ impl Net {
         net
     }
 
-    /// Limits what node `i` receives to `rate` (tc syntax, `1gbit`), as its NIC would.
-    pub fn shape(&self, i: usize, rate: &str) {
+    /// Limits what node `i` receives to `mbit` Mbit/s, as its NIC would, with the queue of a
+    /// switch port in front: 5 ms of the rate, at least 256 KiB (four GSO packets). HTB's own
+    /// leaf queue is 1000 packets, which on a veth are GSO packets of up to 64 KiB: seconds of
+    /// queue at 100 Mbit/s, in which a busy node's connects and first bytes would wait behind
+    /// its own downloads as no switch would keep them.
+    pub fn shape(&self, i: usize, mbit: f64) {
+        let rate = format!("{mbit}mbit");
+        let queue = ((mbit * 1e6 / 8.0 * 0.005) as u64).max(256 << 10);
         let dev = self.host_veth(i);
         let tc = |args: &str| {
             let out = Command::new("tc").args(args.split_whitespace()).output().expect("tc runs");
@@ -79,6 +85,7 @@ impl Net {
         };
         tc(&format!("qdisc add dev {dev} root handle 1: htb default 1"));
         tc(&format!("class add dev {dev} parent 1: classid 1:1 htb rate {rate} ceil {rate} burst 256k cburst 256k"));
+        tc(&format!("qdisc add dev {dev} parent 1:1 handle 10: bfifo limit {queue}"));
     }
 
     /// Waits until namespace `i` reaches `addr` (a fresh veth can take a moment to forward).

@@ -1,9 +1,9 @@
 //! The peer port: this node serves the chunks it owns to the other members, from its own
 //! tiers, or from its origin once however many members ask at the same time: the cache's own
-//! single flight does that. Asked in place of an owner the asker could not reach, it asks that
-//! owner once before its origin. A hot chunk is sent to a bounded
-//! number of members at once, and the next askers are sent on to them ([`super::hot`]). Every
-//! request must be signed with the cluster's secret.
+//! single flight does that, and each piece goes on as it arrives ([`crate::progress`]). Asked
+//! in place of an owner the asker could not reach, it asks that owner once before its origin.
+//! A hot chunk is sent to a bounded number of members at once, and the next askers are sent on
+//! to them ([`super::hot`]). Every request must be signed with the cluster's secret.
 
 use super::auth::{AUTH_HEADER, PeerSecret, now_secs};
 use super::hot::{Admission, HotChunks, SendGuard};
