@@ -69,6 +69,42 @@ impl Progress {
     }
 }
 
+/// Tells a [`Progress`] of a buffer that grows, in batches: a network read gives pieces of a
+/// few KiB, and a wake of every tail and a frame to every asker per such piece costs more CPU
+/// than a copy of them does. The reader tells what it has before it waits for more
+/// ([`Teller::tell`]), so a batch never waits on the network, and at [`Teller::BATCH`] at the
+/// latest ([`Teller::grew`]).
+#[derive(Debug)]
+pub struct Teller<'a> {
+    progress: Option<&'a Progress>,
+    told: usize,
+}
+
+impl<'a> Teller<'a> {
+    pub const BATCH: usize = 64 << 10;
+
+    /// A teller of a buffer whose first `told` bytes `progress` knows already.
+    pub fn new(progress: Option<&'a Progress>, told: usize) -> Self {
+        Teller { progress, told }
+    }
+
+    /// `whole` has grown: tells what is new of it, once there is a batch.
+    pub fn grew(&mut self, whole: &[u8]) {
+        if whole.len() >= self.told + Self::BATCH {
+            self.tell(whole);
+        }
+    }
+
+    /// Tells whatever is new of `whole`.
+    pub fn tell(&mut self, whole: &[u8]) {
+        let Some(p) = self.progress else { return };
+        if whole.len() > self.told {
+            p.arrived(self.told as u64, &Bytes::copy_from_slice(&whole[self.told..]));
+            self.told = whole.len();
+        }
+    }
+}
+
 /// Finishes its [`Progress`] when dropped.
 #[derive(Debug)]
 pub struct FinishOnDrop(Progress);
@@ -141,6 +177,21 @@ mod tests {
             assert_eq!(got, b"abcdefgh");
         }
         assert_eq!(p.len(), 8);
+    }
+
+    #[tokio::test]
+    async fn a_teller_tells_in_batches_and_all_at_the_end() {
+        let p = Progress::default();
+        let mut teller = Teller::new(Some(&p), 0);
+        let data: Vec<u8> = (0..3 * Teller::BATCH / 2).map(|i| i as u8).collect();
+        teller.grew(&data[..Teller::BATCH - 1]);
+        assert_eq!(p.len(), 0, "less than a batch waits");
+        teller.grew(&data[..Teller::BATCH + 1]);
+        assert_eq!(p.len() as usize, Teller::BATCH + 1);
+        teller.grew(&data);
+        teller.tell(&data);
+        p.finish();
+        assert_eq!(all(p.tail()).await, data);
     }
 
     #[tokio::test]

@@ -8,7 +8,7 @@ use crate::cache::Fetcher;
 use crate::error::FetchError;
 use crate::key::{ChunkKey, Identity};
 use crate::partcopy::{CopySource, PartCopier};
-use crate::progress::Progress;
+use crate::progress::{Progress, Teller};
 use crate::requests::{CountingConnector, RequestCounts};
 use crate::units::{ByteSize, Dur};
 use bytes::Bytes;
@@ -546,10 +546,21 @@ impl ObjectSource {
             let Some(progress) = progress else { return r.bytes().await };
             let mut body = r.into_stream();
             let mut whole = bytes::BytesMut::with_capacity(len as usize);
-            while let Some(piece) = body.try_next().await? {
-                progress.arrived(whole.len() as u64, &piece);
+            let mut teller = Teller::new(Some(progress), 0);
+            loop {
+                // What is already in is taken at once; what has been taken is told before a wait.
+                let next = match body.try_next().now_or_never() {
+                    Some(next) => next,
+                    None => {
+                        teller.tell(&whole);
+                        body.try_next().await
+                    }
+                };
+                let Some(piece) = next? else { break };
                 whole.extend_from_slice(&piece);
+                teller.grew(&whole);
             }
+            teller.tell(&whole);
             Ok(whole.freeze())
         };
         let bytes = match self.bounded("GET", path, get).await {

@@ -10,9 +10,10 @@ use super::meta::{MetaAnswer, MetaRequest};
 use super::timing::Waits;
 use super::wire::{CRC_TRAILER, ChunkRequest, ERROR_TRAILER, HOLDER_HEADER, STATUS_TRAILER};
 use crate::chunkfile::crc32c;
-use crate::progress::Progress;
+use crate::progress::{Progress, Teller};
 use crate::{ChunkKey, Identity};
 use bytes::{Bytes, BytesMut};
+use futures::FutureExt;
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -201,12 +202,22 @@ impl PeerClient {
         // heard from, the first within the fetch timeout: an owner may be waiting on its
         // origin's first byte, and a holder on such an owner. A whole chunk is at most a few
         // MiB, so the answer is held whole before it is checked.
-        let progress = progress.filter(|_| parts.status.is_success());
+        let mut teller = Teller::new(progress.filter(|_| parts.status.is_success()), have.len());
         loop {
             let first = data.len() == have.len();
             let window = if first { self.timeouts.fetch } else { self.stall_timeout() };
-            match self.waits.wait(member, window, self.timeouts.fetch.max(window), body.frame()).await {
+            // What is already in is taken at once; what has been taken is told before a wait.
+            let next = match body.frame().now_or_never() {
+                Some(frame) => Ok(frame),
+                None => {
+                    teller.tell(&data);
+                    self.waits.wait(member, window, self.timeouts.fetch.max(window), body.frame()).await
+                }
+            };
+            match next {
                 Err(after) if parts.status.is_success() && !first => {
+                    // The next member goes on from here: what it sends follows these bytes.
+                    teller.tell(&data);
                     let got = data.freeze().slice(have.len()..);
                     return Err(PeerError::Stalled { member: member.to_owned(), after, got });
                 }
@@ -217,16 +228,15 @@ impl PeerClient {
                     self.waits.heard(member);
                     match frame.into_data() {
                         Ok(piece) => {
-                            if let Some(p) = progress {
-                                p.arrived(data.len() as u64, &piece);
-                            }
-                            data.extend_from_slice(&piece)
+                            data.extend_from_slice(&piece);
+                            teller.grew(&data);
                         }
                         Err(frame) => trailers = frame.into_trailers().ok(),
                     }
                 }
             }
         }
+        teller.tell(&data);
         let data = data.freeze();
         if !parts.status.is_success() {
             let answer = &data[have.len()..];
