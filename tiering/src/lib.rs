@@ -13,6 +13,7 @@ pub mod chunkfile;
 pub mod config;
 mod core;
 mod error;
+mod fetcher;
 mod index;
 pub mod key;
 pub mod metrics;
