@@ -658,7 +658,8 @@ async fn first_bytes(tail: &mut crate::progress::Tail, n: usize) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_and_a_holder_pass_each_piece_on_as_it_arrives() {
-    let (origin, gate) = TestOrigin::gated((4 * CHUNK) as usize, false);
+    let (origin, gate) = TestOrigin::gated((64 * CHUNK) as usize, false);
+    // 64 chunks, so that node 0 owns one of them but for a chance of (2/3)^64.
     let nodes = Arc::new(cluster_with(3, &origin, &[], 1, TIMEOUTS, &[]).await);
     let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
     let i = owned_by(&origin, &names, &names[0], 1)[0];
