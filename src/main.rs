@@ -2,6 +2,7 @@
 
 mod convert_cmd;
 mod convert_record;
+mod csi_cmd;
 mod image_cmd;
 mod mirror_cmd;
 mod mount_cmd;
@@ -132,6 +133,7 @@ async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
     let mirror = mirror_cmd::start(&agent, &registry, peer_blobs.clone(), &stop).await?;
     let snapshots = snapshotter_cmd::start(&agent, &stop, registry, peer_blobs).await?;
     let mounts = mount_cmd::mount_declared(&agent).await;
+    let csi = csi_cmd::start(&agent, &stop).await?;
     tokio::spawn({
         let stop = stop.clone();
         async move {
@@ -152,6 +154,9 @@ async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
     finished?;
     if let Some(m) = mirror {
         m.await?.context("the registry mirror failed")?;
+    }
+    if let Some(c) = csi {
+        c.await?.context("the CSI node plugin failed")?;
     }
     Ok(served?)
 }

@@ -174,6 +174,7 @@ pub async fn run(a: MountArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
     let spec = DatasetMount {
         path: a.mountpoint.clone(),
         prefix: String::new(),
+        key_space: String::new(),
         read_only: a.read_only,
         metadata_ttl: (!a.immutable).then_some(a.metadata_ttl.0),
         negative_ttl: a.negative_ttl.0,
@@ -239,6 +240,7 @@ pub async fn mount_declared(agent: &strata_tiering::agent::Agent) -> Vec<strata_
         let spec = DatasetMount {
             path: m.path.clone(),
             prefix: m.prefix.clone(),
+            key_space: String::new(),
             read_only: m.read_only,
             metadata_ttl: (!m.immutable).then_some(m.metadata_ttl.0),
             negative_ttl: m.negative_ttl.0,

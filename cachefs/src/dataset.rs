@@ -20,6 +20,8 @@ pub struct DatasetMount {
     pub path: PathBuf,
     /// Sub-prefix of the source to show ("" for all of it).
     pub prefix: String,
+    /// Put before the paths of this mount's chunk keys ("" for a mount of the node's store).
+    pub key_space: String,
     pub read_only: bool,
     /// `None`: listings are trusted for as long as the mount lives.
     pub metadata_ttl: Option<Duration>,
@@ -70,7 +72,9 @@ pub async fn mount_dataset(
     source: ObjectSource,
     cache: TieredCache,
 ) -> Result<Mounted, MountError> {
-    let ns = ObjectNamespace::new(source, spec.part_size, spec.upload_parallel.max(1)).with_root(&spec.prefix);
+    let ns = ObjectNamespace::new(source, spec.part_size, spec.upload_parallel.max(1))
+        .with_root(&spec.prefix)
+        .with_key_space(&spec.key_space);
     let probe = crate::namespace::Namespace::read_dir(&ns, "").await;
     if let Err(e) = probe {
         return Err(MountError::Source { path: spec.path.display().to_string(), message: e.to_string() });

@@ -16,6 +16,9 @@ pub struct ObjectNamespace {
     /// Sub-prefix of the source this namespace shows, so a mount of `datasets/imagenet` of the
     /// daemon's store names its chunks exactly as `strata tier warmup datasets/imagenet/` does.
     root: String,
+    /// Put before every chunk key's path: a source other than the node's store has keys of its
+    /// own, so that the same name and ETag in two buckets or directories never share chunks.
+    key_space: String,
     part_size: usize,
     parallel: usize,
 }
@@ -23,12 +26,18 @@ pub struct ObjectNamespace {
 impl ObjectNamespace {
     /// Uploads go in one PUT up to `part_size`, as multipart uploads of that part size above it.
     pub fn new(source: ObjectSource, part_size: usize, parallel: usize) -> Self {
-        ObjectNamespace { source, root: String::new(), part_size, parallel }
+        ObjectNamespace { source, root: String::new(), key_space: String::new(), part_size, parallel }
     }
 
     /// Shows only what is under `root` inside the source.
     pub fn with_root(mut self, root: &str) -> Self {
         self.root = root.trim_matches('/').to_string();
+        self
+    }
+
+    /// Names this namespace's chunks `{space}{key}` in the cache.
+    pub fn with_key_space(mut self, space: &str) -> Self {
+        self.key_space = space.to_string();
         self
     }
 
@@ -172,7 +181,9 @@ impl Namespace for ObjectNamespace {
     }
 
     fn chunk_key(&self, path: &str, node: &Node, index: u64) -> ChunkKey {
-        ChunkKey::object(self.key(path), &node.version, index, self.source.chunk_size())
+        let key = self.key(path);
+        let path = if self.key_space.is_empty() { key } else { format!("{}{key}", self.key_space) };
+        ChunkKey::object(path, &node.version, index, self.source.chunk_size())
     }
 
     fn fetcher(&self, path: &str, node: &Node) -> Arc<dyn Fetcher> {

@@ -41,6 +41,26 @@ pub struct Config {
     /// The registry mirror (`[mirror]`): none unless the section is there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mirror: Option<MirrorConfig>,
+    /// The CSI node plugin (`[csi]`): none unless the section is there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub csi: Option<CsiConfig>,
+}
+
+/// `[csi]`: the CSI node plugin kubelet publishes pods' volumes through.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CsiConfig {
+    /// Where kubelet's node-driver-registrar finds the plugin.
+    #[serde(default = "default_csi_socket")]
+    pub socket: PathBuf,
+    /// The node's name for Kubernetes; when empty, `$NODE_NAME` (the DaemonSet sets it from
+    /// `spec.nodeName`), else the host name.
+    #[serde(default)]
+    pub node_id: String,
+}
+
+fn default_csi_socket() -> PathBuf {
+    PathBuf::from("/var/lib/kubelet/plugins/csi.strata.io/csi.sock")
 }
 
 /// `[mirror]`: the registry mirror the daemon serves to containerd, for blobs and manifests
@@ -445,6 +465,11 @@ impl Config {
         }
         if !self.snapshotter.socket.is_absolute() {
             return err("snapshotter.socket".into(), "must be an absolute path".into());
+        }
+        if let Some(csi) = &self.csi
+            && !csi.socket.is_absolute()
+        {
+            return err("csi.socket".into(), "must be an absolute path".into());
         }
         if let Some(root) = &self.snapshotter.root
             && !root.is_absolute()

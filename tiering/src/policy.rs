@@ -87,6 +87,23 @@ pub struct Rule {
     pub(crate) matcher: Option<PathPattern>,
 }
 
+impl Rule {
+    /// A rule for every path under `prefix`, as a mount's own settings make one (a CSI
+    /// volume's `pin` or `noCache`); the policy's `validate` compiles it.
+    pub fn for_prefix(prefix: &str, pin: Option<TierKind>, no_cache: bool) -> Rule {
+        Rule {
+            prefix: Some(prefix.to_owned()),
+            glob: None,
+            pin,
+            no_cache,
+            ttl: None,
+            hot_idle: None,
+            warm_idle: None,
+            matcher: None,
+        }
+    }
+}
+
 /// A policy file that could not be accepted. `key` names the offending setting, e.g. `rule[1].ttl`.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{key}: {message}")]

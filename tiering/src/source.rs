@@ -598,7 +598,7 @@ impl ObjectSource {
     /// A fetcher for chunks of one object version from the store itself: what a node serving
     /// its peers uses, so that a request never goes round the members.
     pub fn origin_fetcher(&self, o: &ObjectInfo) -> Arc<dyn Fetcher> {
-        Arc::new(ObjectFetcher { source: self.clone(), size: o.size })
+        Arc::new(ObjectFetcher { source: self.clone(), path: o.path.clone(), size: o.size })
     }
 
     pub async fn put(&self, path: &str, data: Bytes) -> Result<(), SourceError> {
@@ -792,6 +792,8 @@ impl ObjectSource {
 #[derive(Debug)]
 struct ObjectFetcher {
     source: ObjectSource,
+    /// The object's key in the store: a chunk's key may name it in a key space of its own.
+    path: String,
     size: u64,
 }
 
@@ -807,8 +809,7 @@ impl Fetcher for ObjectFetcher {
 
 impl ObjectFetcher {
     fn get(&self, key: &ChunkKey, progress: Option<Progress>) -> BoxFuture<'static, Result<Bytes, FetchError>> {
-        let source = self.source.clone();
-        let size = self.size;
+        let (source, path, size) = (self.source.clone(), self.path.clone(), self.size);
         let key = key.clone();
         async move {
             let Identity::Object { version, index, chunk_size } = &key.identity else {
@@ -816,7 +817,7 @@ impl ObjectFetcher {
             };
             let offset = index * chunk_size;
             let len = (*chunk_size).min(size.saturating_sub(offset));
-            let got = source.get_version(&key.path, version, (offset, len, size), progress.as_ref()).await;
+            let got = source.get_version(&path, version, (offset, len, size), progress.as_ref()).await;
             got.map_err(|e| Arc::new(e) as FetchError)
         }
         .boxed()

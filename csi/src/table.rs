@@ -1,0 +1,337 @@
+//! The volumes this node has published, by target path, and the two calls that change them.
+//! Publish and unpublish are idempotent, as kubelet retries both: the same publish again is
+//! answered at once, and an unpublish of what is not there is a success. A target that holds
+//! another volume, or the same one with other settings, is refused, never remounted.
+
+use crate::volume::{Source, Volume};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use strata_cachefs::{DatasetMount, Mounted, mount_dataset};
+use strata_tiering::TieredCache;
+use strata_tiering::policy::Rule;
+use strata_tiering::source::{ColdConfig, ColdKind, ObjectSource};
+use tokio::sync::Mutex;
+use tracing::{info, warn};
+
+/// What the node gives its volumes: its one cache, and its own store, which volumes of the
+/// node's bucket without credentials of their own read through (and through the peer tier).
+#[derive(Debug, Clone)]
+pub struct Host {
+    pub cache: TieredCache,
+    pub store: ObjectSource,
+    pub store_config: ColdConfig,
+    /// Volumes' staged writes go under `<state_dir>/csi/staging`.
+    pub state_dir: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("{target} already holds volume {held}{}", if *.same_volume { " with other attributes or access; unpublish it first" } else { "" })]
+    Conflict { target: PathBuf, held: String, same_volume: bool },
+    #[error("{0} is already a mount point of something other than a Strata volume")]
+    Busy(PathBuf),
+    #[error("{target} holds volume {held}, not {asked}")]
+    OtherVolume { target: PathBuf, held: String, asked: String },
+    #[error("the volume's source refused access: {0}")]
+    Denied(String),
+    #[error("the volume's source cannot be mounted: {0}")]
+    Source(String),
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+#[derive(Debug)]
+struct Published {
+    volume_id: String,
+    fingerprint: String,
+    mounted: Mounted,
+    rule: Option<Rule>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Table {
+    host: Host,
+    published: Arc<Mutex<HashMap<PathBuf, Published>>>,
+}
+
+impl Table {
+    pub fn new(host: Host) -> Table {
+        Table { host, published: Arc::default() }
+    }
+
+    pub async fn publish(&self, v: Volume) -> Result<(), PublishError> {
+        // One call at a time: kubelet's retries of one target must not mount it twice.
+        let mut table = self.published.lock().await;
+        if let Some(p) = table.get(&v.target) {
+            if p.volume_id == v.id && p.fingerprint == v.fingerprint {
+                return Ok(());
+            }
+            let same_volume = p.volume_id == v.id;
+            return Err(PublishError::Conflict { target: v.target.clone(), held: p.volume_id.clone(), same_volume });
+        }
+        if is_mount_point(&v.target) {
+            return Err(PublishError::Busy(v.target.clone()));
+        }
+        let made = !v.target.exists();
+        std::fs::create_dir_all(&v.target).map_err(|source| PublishError::Io {
+            what: "cannot create the target path",
+            path: v.target.clone(),
+            source,
+        })?;
+        let mounted = match self.mount(&v).await {
+            Ok(m) => m,
+            Err(e) => {
+                if made {
+                    let _ = std::fs::remove_dir(&v.target);
+                }
+                return Err(e);
+            }
+        };
+        let rule = self.add_rule(&v);
+        info!(volume = %v.id, target = %v.target.display(), writable = v.writable, "volume published");
+        table.insert(v.target.clone(), Published { volume_id: v.id, fingerprint: v.fingerprint, mounted, rule });
+        Ok(())
+    }
+
+    pub async fn unpublish(&self, volume_id: &str, target: &Path) -> Result<(), PublishError> {
+        let mut table = self.published.lock().await;
+        if let Some(p) = table.get(target)
+            && p.volume_id != volume_id
+        {
+            return Err(PublishError::OtherVolume {
+                target: target.to_owned(),
+                held: p.volume_id.clone(),
+                asked: volume_id.to_owned(),
+            });
+        }
+        if let Some(p) = table.remove(target) {
+            if let Some(rule) = &p.rule {
+                self.remove_rule(rule);
+            }
+            // Detached at once; files still open keep the session (and their staged writes,
+            // which upload as they close) until their pod lets go of them.
+            let unmounted = tokio::task::spawn_blocking(move || p.mounted.unmount()).await;
+            match unmounted {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(target = %target.display(), error = %e, "unmount failed"),
+                Err(e) => warn!(target = %target.display(), error = %e, "unmount task failed"),
+            }
+        } else if is_mount_point(target) {
+            // A mount this daemon does not know: one its previous run left. Detached lazily,
+            // as the daemon's own unmount does.
+            let status = std::process::Command::new("umount").arg("-l").arg(target).status();
+            if !status.is_ok_and(|s| s.success()) {
+                return Err(PublishError::Busy(target.to_owned()));
+            }
+        }
+        match std::fs::remove_dir(target) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(PublishError::Io { what: "cannot remove the target path", path: target.to_owned(), source });
+            }
+        }
+        info!(volume = %volume_id, target = %target.display(), "volume unpublished");
+        Ok(())
+    }
+
+    async fn mount(&self, v: &Volume) -> Result<Mounted, PublishError> {
+        let (source, prefix, key_space) = self.source_for(v)?;
+        let staging = self.host.state_dir.join("csi").join("staging").join(staging_name(v));
+        let spec = DatasetMount {
+            path: v.target.clone(),
+            prefix,
+            key_space,
+            read_only: !v.writable,
+            metadata_ttl: v.metadata_ttl,
+            negative_ttl: v.negative_ttl,
+            threads: 4,
+            // Pods run as users of their own.
+            allow_other: true,
+            part_size: 16 << 20,
+            upload_parallel: 4,
+            staging_dir: staging,
+            upload_leftovers: true,
+            memory_budget: 256 << 20,
+            passthrough: true,
+            keep_newest_hot: v.writable,
+            checkpoint_window: Duration::from_secs(600),
+            snapshot_dir: v.snapshot.then(|| self.host.state_dir.join("snapshots")),
+            snapshot_max_age: Duration::from_secs(3600),
+        };
+        mount_dataset(&spec, source, self.host.cache.clone()).await.map_err(|e| {
+            let text = e.to_string();
+            if denied(&text) { PublishError::Denied(text) } else { PublishError::Source(text) }
+        })
+    }
+
+    /// The store a volume reads, the prefix within it, and the key space of its chunks. A
+    /// volume of the node's own bucket with no credentials of its own shares the node's store
+    /// and its chunk names, so it shares chunks with the node's other mounts and its peers.
+    fn source_for(&self, v: &Volume) -> Result<(ObjectSource, String, String), PublishError> {
+        let node = &self.host.store_config;
+        let mut c = ColdConfig { prefix: String::new(), ..node.clone() };
+        match &v.source {
+            Source::S3 { bucket, prefix } => {
+                if v.credentials.is_none()
+                    && node.kind == ColdKind::S3
+                    && node.bucket.as_deref() == Some(bucket.as_str())
+                    && let Some(within) = under(prefix, &node.prefix)
+                {
+                    return Ok((self.host.store.clone(), within, String::new()));
+                }
+                c.kind = ColdKind::S3;
+                c.bucket = Some(bucket.clone());
+                if let Some(cred) = &v.credentials {
+                    c.access_key_id = Some(cred.access_key_id.clone());
+                    c.secret_access_key = Some(cred.secret_access_key.clone());
+                    c.session_token = cred.session_token.clone();
+                    if let Some(e) = &cred.endpoint {
+                        c.endpoint = Some(e.clone());
+                        c.allow_http = e.starts_with("http://");
+                    }
+                    if let Some(r) = &cred.region {
+                        c.region = Some(r.clone());
+                    }
+                }
+            }
+            Source::Local(dir) => {
+                if !dir.is_dir() {
+                    return Err(PublishError::Source(format!("{} is not a directory", dir.display())));
+                }
+                c.kind = ColdKind::Local;
+                c.path = Some(dir.clone());
+            }
+        }
+        let prefix = match &v.source {
+            Source::S3 { prefix, .. } => prefix.clone(),
+            Source::Local(_) => String::new(),
+        };
+        let source = ObjectSource::new(&c, &self.host.state_dir.join("cold"))
+            .map_err(|e| PublishError::Source(e.to_string()))?;
+        let key_space = format!("{}/", source.describe());
+        Ok((source, prefix, key_space))
+    }
+
+    fn add_rule(&self, v: &Volume) -> Option<Rule> {
+        if v.pin.is_none() && !v.no_cache {
+            return None;
+        }
+        let (_, prefix, space) = self.source_for(v).ok()?;
+        let under = if prefix.is_empty() { space } else { format!("{space}{prefix}/") };
+        let rule = Rule::for_prefix(&under, v.pin, v.no_cache);
+        let mut policy = self.host.cache.policy();
+        policy.rules.push(rule.clone());
+        if let Err(e) = policy.validate() {
+            warn!(volume = %v.id, error = %e, "the volume's tiering settings were not applied");
+            return None;
+        }
+        self.host.cache.set_policy(policy);
+        Some(rule)
+    }
+
+    fn remove_rule(&self, rule: &Rule) {
+        let mut policy = self.host.cache.policy();
+        if let Some(i) = policy
+            .rules
+            .iter()
+            .position(|r| r.prefix == rule.prefix && r.pin == rule.pin && r.no_cache == rule.no_cache)
+        {
+            policy.rules.remove(i);
+            if policy.validate().is_ok() {
+                self.host.cache.set_policy(policy);
+            }
+        }
+    }
+}
+
+/// `prefix` relative to the node store's `root`, if it lies within it.
+fn under(prefix: &str, root: &str) -> Option<String> {
+    let root = root.trim_matches('/');
+    if root.is_empty() {
+        return Some(prefix.to_owned());
+    }
+    match prefix.strip_prefix(root) {
+        Some("") => Some(String::new()),
+        Some(rest) if rest.starts_with('/') => Some(rest.trim_start_matches('/').to_owned()),
+        _ => None,
+    }
+}
+
+/// A volume's staging dir, by its id and source: a pod that comes back to the same volume
+/// after a crash uploads what the last one staged, and no other volume ever does.
+fn staging_name(v: &Volume) -> String {
+    let mut h = Sha256::new();
+    h.update(format!("{}\n{:?}\n", v.id, v.source));
+    hex::encode(&h.finalize()[..12])
+}
+
+/// Whether a store's error says the credentials were wrong or lack access.
+fn denied(text: &str) -> bool {
+    ["403", "Forbidden", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "401"]
+        .iter()
+        .any(|w| text.contains(w))
+}
+
+/// Whether `path` is itself a mount point, from the kernel's table of this process's mounts.
+pub fn is_mount_point(path: &Path) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    let want = path.to_string_lossy();
+    let want = want.trim_end_matches('/');
+    table.lines().any(|l| l.split(' ').nth(4).is_some_and(|m| unescape(m) == want))
+}
+
+/// mountinfo writes space, tab, newline and backslash in a path as octal escapes.
+fn unescape(s: &str) -> String {
+    let mut out = Vec::with_capacity(s.len());
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b.get(i + 1..i + 4).filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) if b[i] == b'\\' => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            _ => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_is_within_the_node_store_only_at_a_segment() {
+        assert_eq!(under("a/b", "").as_deref(), Some("a/b"));
+        assert_eq!(under("data/x", "data").as_deref(), Some("x"));
+        assert_eq!(under("data", "data/").as_deref(), Some(""));
+        assert_eq!(under("database/x", "data"), None);
+    }
+
+    #[test]
+    fn mountinfo_paths_are_unescaped() {
+        assert_eq!(unescape(r"/var/lib/a\040b"), "/var/lib/a b");
+        assert_eq!(unescape(r"/plain"), "/plain");
+        assert_eq!(unescape(r"/tail\04"), r"/tail\04");
+    }
+
+    #[test]
+    fn a_store_that_refuses_credentials_is_told_apart() {
+        assert!(denied("LIST / on s3://b failed: Client error with status 403 Forbidden: InvalidAccessKeyId"));
+        assert!(!denied("LIST / on s3://b failed: connection refused"));
+    }
+}

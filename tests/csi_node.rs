@@ -1,0 +1,201 @@
+//! The CSI node plugin, driven over its socket exactly as kubelet drives it (the same calls,
+//! target paths under a kubelet-style pods directory), against the real Ceph RGW; then a runc
+//! container started by the real containerd, with the published paths bind-mounted as CRI
+//! does, reads the dataset and writes a checkpoint that lands whole in RGW.
+
+mod common;
+
+use common::containerd::{Containerd, registry};
+use common::s3::{self, get, wait_until};
+use common::*;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use strata_csi::proto::volume_capability::access_mode::Mode;
+use strata_csi::proto::volume_capability::{AccessMode, AccessType, MountVolume};
+use strata_csi::proto::*;
+use strata_csi::{Code, DRIVER_NAME};
+
+/// A pod's volume directory as kubelet lays it out; kubelet makes the parent, the plugin the
+/// target itself.
+fn target(kubelet: &Path, pod: &str, volume: &str) -> PathBuf {
+    let dir = kubelet.join("pods").join(pod).join("volumes/kubernetes.io~csi").join(volume);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("mount")
+}
+
+fn publish(
+    id: &str,
+    target: &Path,
+    mode: Mode,
+    readonly: bool,
+    attrs: &[(&str, &str)],
+    secrets: &HashMap<String, String>,
+) -> NodePublishVolumeRequest {
+    NodePublishVolumeRequest {
+        volume_id: id.into(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(VolumeCapability {
+            access_type: Some(AccessType::Mount(MountVolume::default())),
+            access_mode: Some(AccessMode { mode: mode as i32 }),
+        }),
+        readonly,
+        secrets: secrets.clone(),
+        volume_context: attrs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        ..Default::default()
+    }
+}
+
+fn unpublish(id: &str, target: &Path) -> NodeUnpublishVolumeRequest {
+    NodeUnpublishVolumeRequest { volume_id: id.into(), target_path: target.display().to_string() }
+}
+
+fn mounted(path: &Path) -> bool {
+    let want = path.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().any(|l| l.split(' ').nth(4) == Some(&want))
+}
+
+fn gets_of(rgw: &Rgw, key: &str) -> usize {
+    rgw.requests_under(key, 1).iter().filter(|r| r.starts_with("GET ") && !r.contains("list-type")).count()
+}
+
+#[test]
+#[ignore = "needs root, /dev/fuse, containerd, the registry and Ceph RGW: run by .ci/run"]
+fn kubelet_publishes_volumes_that_a_container_reads_and_writes_through() {
+    let rgw = Rgw::from_env();
+    let prefix = unique_prefix("csi");
+    let objects = [("data/train/shard-0.bin", 5_000_000), ("data/train/shard-1.bin", 1_234_567), ("data/README", 40)];
+    let uploaded = s3::rt().block_on(upload(rgw.store().as_ref(), &prefix, &objects));
+    let kubelet = tempfile::tempdir().unwrap();
+    let socket = kubelet.path().join("plugins").join(DRIVER_NAME).join("csi.sock");
+    let body = rgw.cold_toml("") + &format!("[csi]\nsocket = \"{}\"\nnode_id = \"node-a\"\n", socket.display());
+    let daemon = Daemon::start(&body, "1GiB", "0");
+    wait_until(Duration::from_secs(30), || socket.exists());
+    let rt = s3::rt();
+    let mut identity = rt.block_on(strata_csi::connect_identity(&socket)).unwrap();
+    let mut node = rt.block_on(strata_csi::connect_node(&socket)).unwrap();
+
+    // What node-driver-registrar and kubelet ask first.
+    let info = rt.block_on(identity.get_plugin_info(GetPluginInfoRequest {})).unwrap().into_inner();
+    assert_eq!(info.name, DRIVER_NAME);
+    let probe = rt.block_on(identity.probe(ProbeRequest {})).unwrap().into_inner();
+    assert_eq!(probe.ready.map(|r| r.value), Some(true));
+    let node_info = rt.block_on(node.node_get_info(NodeGetInfoRequest {})).unwrap().into_inner();
+    assert_eq!(node_info.node_id, "node-a");
+    let caps = rt.block_on(node.node_get_capabilities(NodeGetCapabilitiesRequest {})).unwrap().into_inner();
+    assert!(caps.capabilities.is_empty(), "no stage step to call: {caps:?}");
+
+    // A dataset, read-only, with credentials from its Secret; a checkpoint dir, writable, on
+    // the node's own store.
+    let secret: HashMap<String, String> = [
+        ("accessKeyId", rgw.access_key.as_str()),
+        ("secretAccessKey", rgw.secret_key.as_str()),
+        ("endpoint", rgw.endpoint.as_str()),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let source = format!("s3://{}/{prefix}data", rgw.bucket);
+    let ckpt_source = format!("s3://{}/{prefix}ckpt", rgw.bucket);
+    let data = target(kubelet.path(), "pod-1", "dataset");
+    let ckpt = target(kubelet.path(), "pod-1", "checkpoints");
+    let data_req =
+        publish("ds-1", &data, Mode::MultiNodeReaderOnly, true, &[("source", &source), ("immutable", "true")], &secret);
+    let ckpt_req = publish("ck-1", &ckpt, Mode::SingleNodeWriter, false, &[("source", &ckpt_source)], &HashMap::new());
+    rt.block_on(node.node_publish_volume(data_req.clone())).unwrap_or_else(|e| panic!("{e}\n{}", daemon.log()));
+    rt.block_on(node.node_publish_volume(ckpt_req.clone())).unwrap_or_else(|e| panic!("{e}\n{}", daemon.log()));
+    assert!(mounted(&data) && mounted(&ckpt));
+
+    // kubelet retries: the same publish again is a success and changes nothing.
+    rt.block_on(node.node_publish_volume(data_req.clone())).expect("a repeated publish succeeds");
+    let mut other = data_req.clone();
+    other.volume_context.insert("metadataTTL".into(), "1s".into());
+    other.volume_context.remove("immutable");
+    let refused = rt.block_on(node.node_publish_volume(other)).unwrap_err();
+    assert_eq!(refused.code(), Code::AlreadyExists, "{refused}");
+    assert!(refused.message().contains("other attributes"), "{refused}");
+
+    // A wrong Secret: a clear error naming the cause, no mount, nothing left behind, and the
+    // secret itself in no message or log.
+    let bad = target(kubelet.path(), "pod-2", "dataset");
+    let mut wrong = secret.clone();
+    wrong.insert("secretAccessKey".into(), "not-the-secret-at-all".into());
+    let denied = rt
+        .block_on(node.node_publish_volume(publish(
+            "ds-2",
+            &bad,
+            Mode::MultiNodeReaderOnly,
+            true,
+            &[("source", &source)],
+            &wrong,
+        )))
+        .unwrap_err();
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied}");
+    assert!(denied.message().contains("403") || denied.message().contains("SignatureDoesNotMatch"), "{denied}");
+    assert!(!mounted(&bad) && !bad.exists(), "a refused publish leaves no mount and no target");
+    for text in [denied.message().to_owned(), daemon.log()] {
+        assert!(!text.contains("not-the-secret-at-all") && !text.contains(&rgw.secret_key), "a secret was printed");
+    }
+    let unknown = rt
+        .block_on(node.node_publish_volume(publish(
+            "ds-3",
+            &bad,
+            Mode::MultiNodeReaderOnly,
+            true,
+            &[("source", &source), ("ttl", "1s")],
+            &secret,
+        )))
+        .unwrap_err();
+    assert_eq!(unknown.code(), Code::InvalidArgument, "{unknown}");
+    assert!(unknown.message().contains("`ttl`"), "{unknown}");
+
+    // The pod's container, with the targets bind-mounted as CRI does.
+    let cdir = tempfile::tempdir().unwrap();
+    let containerd = Containerd::start(cdir.path(), &cdir.path().join("no-snapshotter.sock"));
+    let image = format!("{}/strata/busybox:1", registry());
+    containerd.ctr_ok(&["images", "pull", "--plain-http", &image], &daemon.log());
+    let binds = [
+        format!("type=bind,src={},dst=/data,options=rbind:ro", data.display()),
+        format!("type=bind,src={},dst=/ckpt,options=rbind:rw", ckpt.display()),
+    ];
+    let script = "sha256sum /data/train/shard-0.bin /data/train/shard-1.bin /data/README | cut -d' ' -f1; \
+                  mkdir -p /ckpt/step-100 && cat /data/train/shard-1.bin /data/README > /ckpt/step-100/model.pt && \
+                  sync /ckpt/step-100/model.pt && echo written";
+    let out = containerd.ctr_ok(
+        &["run", "--rm", "--mount", &binds[0], "--mount", &binds[1], &image, "trainer", "sh", "-c", script],
+        &daemon.log(),
+    );
+    let want: Vec<String> = uploaded.iter().map(|(_, sha)| sha.clone()).chain(["written".to_string()]).collect();
+    assert_eq!(out.lines().collect::<Vec<_>>(), want, "the container read other bytes\n{}", daemon.log());
+    let ckpt_key = format!("{prefix}ckpt/step-100/model.pt");
+    let mut expect = common::data(2 + prefix.len() as u64, 1_234_567);
+    expect.extend(common::data(3 + prefix.len() as u64, 40));
+    wait_until(Duration::from_secs(30), || s3::head(&rgw, &ckpt_key) == Some(expect.len() as u64));
+    assert_eq!(sha(&get(&rgw, &ckpt_key)), sha(&expect), "the checkpoint did not land whole");
+
+    // A second pod's volume of the same dataset reads through the same cache: no new GET.
+    let shard = format!("{prefix}data/train/shard-0.bin");
+    let before = gets_of(&rgw, &shard);
+    let data2 = target(kubelet.path(), "pod-3", "dataset");
+    rt.block_on(node.node_publish_volume(publish(
+        "ds-1",
+        &data2,
+        Mode::MultiNodeReaderOnly,
+        true,
+        &[("source", &source), ("immutable", "true")],
+        &secret,
+    )))
+    .unwrap_or_else(|e| panic!("{e}\n{}", daemon.log()));
+    assert_eq!(sha(&std::fs::read(data2.join("train/shard-0.bin")).unwrap()), uploaded[0].1);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(gets_of(&rgw, &shard), before, "the second volume fetched the shard again");
+
+    // Unpublish: idempotent, and nothing left at the targets.
+    for (id, t) in [("ds-1", &data), ("ck-1", &ckpt), ("ds-1", &data2)] {
+        rt.block_on(node.node_unpublish_volume(unpublish(id, t))).unwrap_or_else(|e| panic!("{e}\n{}", daemon.log()));
+        assert!(!mounted(t) && !t.exists(), "{} is left", t.display());
+        rt.block_on(node.node_unpublish_volume(unpublish(id, t))).expect("a repeated unpublish succeeds");
+    }
+    drop(daemon);
+    s3::delete_under(&rgw, &prefix);
+}
