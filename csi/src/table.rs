@@ -136,7 +136,11 @@ impl Table {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(source) => {
-                return Err(PublishError::Io { what: "cannot remove the target path", path: target.to_owned(), source });
+                return Err(PublishError::Io {
+                    what: "cannot remove the target path",
+                    path: target.to_owned(),
+                    source,
+                });
             }
         }
         info!(volume = %volume_id, target = %target.display(), "volume unpublished");

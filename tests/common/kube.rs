@@ -54,6 +54,9 @@ pub fn strings(v: &Value) -> Vec<String> {
     v.as_array().map(|a| a.iter().map(|s| s.as_str().unwrap().to_string()).collect()).unwrap_or_default()
 }
 
+/// The node's name, as the downward API gives `spec.nodeName` to the pods of this test.
+pub const NODE_NAME: &str = "test-node";
+
 /// What the node gives a pod's volumes that are not host paths.
 #[derive(Debug, Default)]
 pub struct Volumes {
@@ -128,8 +131,14 @@ pub fn ctr_flags(pod: &Value, name: &str, vols: &Volumes) -> Vec<String> {
         flags.push(p.into());
     }
     for e in c["env"].as_array().into_iter().flatten() {
+        // The downward API's node name is the one field the manifests take from the pod.
+        let value = match (e["value"].as_str(), e["valueFrom"]["fieldRef"]["fieldPath"].as_str()) {
+            (Some(v), _) => v.to_string(),
+            (None, Some("spec.nodeName")) => NODE_NAME.to_string(),
+            _ => panic!("env {e} is neither a value nor the node's name"),
+        };
         flags.push("--env".into());
-        flags.push(format!("{}={}", e["name"].as_str().unwrap(), e["value"].as_str().unwrap()));
+        flags.push(format!("{}={value}", e["name"].as_str().unwrap()));
     }
     flags
 }
