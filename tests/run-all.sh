@@ -4,9 +4,10 @@
 #   2. cargo fmt --check and cargo clippy --all-targets -D warnings;
 #   3. starts a single-node Ceph RGW on loopback (tests/infra/rgw.sh) and a docker-registry with
 #      the test images (tests/infra/registry.sh, images.sh), and stops them on exit;
-#   4. runs the whole workspace's tests, the ones that need RGW or root included;
-#   5. replays every fuzz seed, then fuzzes each parser (fuzz/run.sh) for FUZZ_SECONDS (30);
-#   6. prints one closing line: "N passed, N failed".
+#   4. installs kubernetes-validate from PyPI (a venv under target/), for the manifests' schema test;
+#   5. runs the whole workspace's tests, the ones that need RGW or root included;
+#   6. replays every fuzz seed, then fuzzes each parser (fuzz/run.sh) for FUZZ_SECONDS (30);
+#   7. prints one closing line: "N passed, N failed".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -15,7 +16,7 @@ log() { printf '\n== %s\n' "$*"; }
 
 PACKAGES=(ceph-mon ceph-osd ceph-mgr radosgw ceph-common uuid-runtime fuse3 fio curl ca-certificates iproute2
   protobuf-compiler containerd runc docker-registry skopeo umoci busybox-static stargz-snapshotter
-  debootstrap apache2-utils python3 openssl)
+  debootstrap apache2-utils python3 python3-venv openssl)
 log "installing system packages: ${PACKAGES[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
@@ -52,6 +53,13 @@ export STRATA_TEST_S3_BUCKET=strata-test
 export STRATA_TEST_S3_TLS_ENDPOINT=https://127.0.0.1:${RGW_TLS_PORT:-7443} STRATA_TEST_S3_CA=$RGW_DIR/tls/ca.pem
 export STRATA_TEST_RGW_LOG=$RGW_DIR/log/client.rgw.a.log
 export AWS_ACCESS_KEY_ID=strata-test AWS_SECRET_ACCESS_KEY=strata-test-secret AWS_REGION=us-east-1
+
+log "installing kubernetes-validate (the Kubernetes API schemas, for the manifests)"
+KUBE_VALIDATE_DIR=$ROOT/target/kubernetes-validate
+[ -x "$KUBE_VALIDATE_DIR/bin/kubernetes-validate" ] || {
+  python3 -m venv "$KUBE_VALIDATE_DIR" && "$KUBE_VALIDATE_DIR/bin/pip" install -q kubernetes-validate==1.37.0
+} || echo "kubernetes-validate did not install: the manifest schema test will fail" >&2
+export STRATA_TEST_KUBE_VALIDATE=$KUBE_VALIDATE_DIR/bin/kubernetes-validate
 
 log "tests (RGW at $STRATA_TEST_S3_ENDPOINT)"
 OUT=$(mktemp)
