@@ -9,6 +9,7 @@ use common::containerd::{Containerd, registry};
 use common::s3::{self, get, wait_until};
 use common::*;
 use std::collections::HashMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use strata_csi::proto::volume_capability::access_mode::Mode;
@@ -190,8 +191,43 @@ fn kubelet_publishes_volumes_that_a_container_reads_and_writes_through() {
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(gets_of(&rgw, &shard), before, "the second volume fetched the shard again");
 
+    // A target some other mount holds is refused, not mounted over.
+    let taken = target(kubelet.path(), "pod-4", "dataset");
+    std::fs::create_dir_all(&taken).unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let bound = std::process::Command::new("mount").arg("--bind").arg(elsewhere.path()).arg(&taken).status().unwrap();
+    assert!(bound.success());
+    let busy = rt
+        .block_on(node.node_publish_volume(publish(
+            "ds-4",
+            &taken,
+            Mode::MultiNodeReaderOnly,
+            true,
+            &[("source", &source)],
+            &secret,
+        )))
+        .unwrap_err();
+    assert_eq!(busy.code(), Code::FailedPrecondition, "{busy}");
+    assert!(std::process::Command::new("umount").arg(&taken).status().unwrap().success());
+
+    // An unpublish while a checkpoint is being written detaches the volume, and the file, once
+    // its writer closes it, still lands whole.
+    let late_key = format!("{prefix}ckpt/step-200/model.pt");
+    let late = common::data(99, 5 << 20);
+    std::fs::create_dir_all(ckpt.join("step-200")).unwrap();
+    let mut writer = std::fs::File::create(ckpt.join("step-200/model.pt")).unwrap();
+    writer.write_all(&late[..3 << 20]).unwrap();
+    rt.block_on(node.node_unpublish_volume(unpublish("ck-1", &ckpt)))
+        .unwrap_or_else(|e| panic!("{e}\n{}", daemon.log()));
+    assert!(!mounted(&ckpt) && !ckpt.exists(), "the target is left while a file is open");
+    writer.write_all(&late[3 << 20..]).unwrap();
+    writer.sync_all().unwrap();
+    drop(writer);
+    wait_until(Duration::from_secs(30), || s3::head(&rgw, &late_key) == Some(late.len() as u64));
+    assert_eq!(sha(&get(&rgw, &late_key)), sha(&late), "the checkpoint written across the unpublish is not whole");
+
     // Unpublish: idempotent, and nothing left at the targets.
-    for (id, t) in [("ds-1", &data), ("ck-1", &ckpt), ("ds-1", &data2)] {
+    for (id, t) in [("ds-1", &data), ("ck-1", &ckpt), ("ds-1", &data2), ("ds-4", &taken)] {
         rt.block_on(node.node_unpublish_volume(unpublish(id, t))).unwrap_or_else(|e| panic!("{e}\n{}", daemon.log()));
         assert!(!mounted(t) && !t.exists(), "{} is left", t.display());
         rt.block_on(node.node_unpublish_volume(unpublish(id, t))).expect("a repeated unpublish succeeds");
