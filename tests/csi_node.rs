@@ -191,6 +191,24 @@ fn kubelet_publishes_volumes_that_a_container_reads_and_writes_through() {
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(gets_of(&rgw, &shard), before, "the second volume fetched the shard again");
 
+    // A volume's tiering settings are the node policy's while it is published, and only then.
+    let pinned = target(kubelet.path(), "pod-5", "dataset");
+    let pinned_req = publish(
+        "ds-5",
+        &pinned,
+        Mode::MultiNodeReaderOnly,
+        true,
+        &[("source", &ckpt_source), ("pin", "hot")],
+        &HashMap::new(),
+    );
+    rt.block_on(node.node_publish_volume(pinned_req)).unwrap_or_else(|e| panic!("{e}\n{}", daemon.log()));
+    let rule = format!("prefix = \"{prefix}ckpt/\"");
+    let policy = daemon.tier_ok(&["policy", "show"]);
+    assert!(policy.contains(&rule) && policy.contains("pin = \"hot\""), "{policy}");
+    rt.block_on(node.node_unpublish_volume(unpublish("ds-5", &pinned))).unwrap();
+    let policy = daemon.tier_ok(&["policy", "show"]);
+    assert!(!policy.contains(&rule), "the rule outlived its volume: {policy}");
+
     // A target some other mount holds is refused, not mounted over.
     let taken = target(kubelet.path(), "pod-4", "dataset");
     std::fs::create_dir_all(&taken).unwrap();
