@@ -5,21 +5,14 @@
 use crate::proto::identity_client::IdentityClient;
 use crate::proto::node_client::NodeClient;
 use crate::service::CsiNode;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use tokio::net::{UnixListener, UnixStream};
 use tonic::transport::{Channel, Endpoint};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SocketError {
-    #[error("another process serves the CSI socket {0}")]
-    InUse(PathBuf),
-    #[error("cannot listen on the CSI socket {path}: {source}")]
-    Bind {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("the CSI socket: {0}")]
+    Bind(#[from] strata_tiering::unix_socket::BindError),
     #[error("the CSI gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
 }
@@ -27,19 +20,7 @@ pub enum SocketError {
 /// Binds `socket` (replacing a stale socket file, never a live one) with mode 0600: whoever
 /// can call it can mount any bucket the node's credentials reach.
 pub async fn bind(socket: &Path) -> Result<UnixListener, SocketError> {
-    let err = |source| SocketError::Bind { path: socket.to_owned(), source };
-    if let Some(dir) = socket.parent() {
-        std::fs::create_dir_all(dir).map_err(err)?;
-    }
-    if socket.exists() {
-        if UnixStream::connect(socket).await.is_ok() {
-            return Err(SocketError::InUse(socket.to_owned()));
-        }
-        std::fs::remove_file(socket).map_err(err)?;
-    }
-    let listener = UnixListener::bind(socket).map_err(err)?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
-    Ok(listener)
+    Ok(strata_tiering::unix_socket::bind_private(socket).await?)
 }
 
 /// Serves both services until `shutdown` completes, then removes the socket. The volumes stay

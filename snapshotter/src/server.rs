@@ -3,21 +3,14 @@
 
 use crate::proto::snapshots_client::SnapshotsClient;
 use crate::service::SnapshotService;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use tokio::net::{UnixListener, UnixStream};
 use tonic::transport::{Channel, Endpoint};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("another process serves the snapshotter socket {0}")]
-    InUse(PathBuf),
-    #[error("cannot listen on the snapshotter socket {path}: {source}")]
-    Bind {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("the snapshotter socket: {0}")]
+    Bind(#[from] strata_tiering::unix_socket::BindError),
     #[error("the snapshotter's gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
 }
@@ -25,19 +18,7 @@ pub enum ServeError {
 /// Binds `socket` (replacing a stale socket file, never a live one) with mode 0600, since the
 /// service hands out mounts of every container's rootfs.
 pub async fn bind(socket: &Path) -> Result<UnixListener, ServeError> {
-    let err = |source| ServeError::Bind { path: socket.to_owned(), source };
-    if let Some(dir) = socket.parent() {
-        std::fs::create_dir_all(dir).map_err(err)?;
-    }
-    if socket.exists() {
-        if UnixStream::connect(socket).await.is_ok() {
-            return Err(ServeError::InUse(socket.to_owned()));
-        }
-        std::fs::remove_file(socket).map_err(err)?;
-    }
-    let listener = UnixListener::bind(socket).map_err(err)?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
-    Ok(listener)
+    Ok(strata_tiering::unix_socket::bind_private(socket).await?)
 }
 
 /// Serves until `shutdown` completes, then removes the socket.

@@ -309,7 +309,7 @@ async fn a_live_socket_is_never_taken_over() {
     let dir = tempfile::tempdir().unwrap();
     let r = start(dir.path()).await;
     let e = server::bind(&dir.path().join("snap.sock")).await.unwrap_err();
-    assert!(e.to_string().contains("another process serves"), "{e}");
+    assert!(e.to_string().contains("another process is already listening"), "{e}");
     r.stop().await;
     // Once the server is gone its socket file is gone too, and a new server binds.
     assert!(!dir.path().join("snap.sock").exists());

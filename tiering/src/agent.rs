@@ -7,7 +7,6 @@ use crate::config::{Config, ConfigError};
 use crate::error::CacheError;
 use crate::services;
 use crate::source::{ObjectSource, SourceError};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use tracing::{info, warn};
 
@@ -173,21 +172,9 @@ impl Agent {
     }
 }
 
-/// Binds the admin socket with mode 0600. A socket file left by a dead daemon is replaced; one
-/// that still answers means another daemon runs, which is an error.
+/// Binds the admin socket: another daemon's live socket is an error, a dead one's is replaced.
 async fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener, AgentError> {
-    let err = |message: String| AgentError::Socket { path: path.to_path_buf(), message };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| err(format!("cannot create its directory: {e}")))?;
-    }
-    if path.exists() {
-        if tokio::net::UnixStream::connect(path).await.is_ok() {
-            return Err(err("another strata daemon is already listening on it".into()));
-        }
-        std::fs::remove_file(path).map_err(|e| err(format!("cannot remove the stale socket: {e}")))?;
-    }
-    let listener = tokio::net::UnixListener::bind(path).map_err(|e| err(format!("cannot bind: {e}")))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| err(format!("cannot set mode 0600: {e}")))?;
-    Ok(listener)
+    crate::unix_socket::bind_private(path)
+        .await
+        .map_err(|e| AgentError::Socket { path: path.to_path_buf(), message: e.to_string() })
 }

@@ -29,6 +29,7 @@ pub mod source;
 pub mod status;
 pub mod tier;
 pub mod units;
+pub mod unix_socket;
 pub mod upload;
 pub mod warmup;
 mod whole;
