@@ -188,7 +188,8 @@ fn kubelet_publishes_volumes_that_a_container_reads_and_writes_through() {
     )))
     .unwrap_or_else(|e| panic!("{e}\n{}", daemon.log()));
     assert_eq!(sha(&std::fs::read(data2.join("train/shard-0.bin")).unwrap()), uploaded[0].1);
-    std::thread::sleep(Duration::from_millis(500));
+    // RGW writes its log a moment after it answers: a GET made now would show within this.
+    std::thread::sleep(Duration::from_secs(2));
     assert_eq!(gets_of(&rgw, &shard), before, "the second volume fetched the shard again");
 
     // A volume's tiering settings are the node policy's while it is published, and only then.
