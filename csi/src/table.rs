@@ -48,6 +48,14 @@ pub enum PublishError {
     },
 }
 
+/// The store a volume reads, the prefix within it, and what its chunk keys' paths start with.
+#[derive(Debug)]
+struct VolumeStore {
+    source: ObjectSource,
+    prefix: String,
+    key_space: String,
+}
+
 #[derive(Debug)]
 struct Published {
     volume_id: String,
@@ -86,7 +94,8 @@ impl Table {
             path: v.target.clone(),
             source,
         })?;
-        let mounted = match self.mount(&v).await {
+        let mounted = async { self.mount(&v, self.source_for(&v)?).await }.await;
+        let (mounted, chunks_under) = match mounted {
             Ok(m) => m,
             Err(e) => {
                 if made {
@@ -95,7 +104,7 @@ impl Table {
                 return Err(e);
             }
         };
-        let rule = self.add_rule(&v);
+        let rule = self.add_rule(&v, &chunks_under);
         info!(volume = %v.id, target = %v.target.display(), writable = v.writable, "volume published");
         table.insert(v.target.clone(), Published { volume_id: v.id, fingerprint: v.fingerprint, mounted, rule });
         Ok(())
@@ -147,8 +156,10 @@ impl Table {
         Ok(())
     }
 
-    async fn mount(&self, v: &Volume) -> Result<Mounted, PublishError> {
-        let (source, prefix, key_space) = self.source_for(v)?;
+    /// Mounts `v` over `store`; returns the mount and the path its chunk keys start with.
+    async fn mount(&self, v: &Volume, store: VolumeStore) -> Result<(Mounted, String), PublishError> {
+        let VolumeStore { source, prefix, key_space } = store;
+        let chunks_under = if prefix.is_empty() { key_space.clone() } else { format!("{key_space}{prefix}/") };
         let staging = self.host.state_dir.join("csi").join("staging").join(staging_name(v));
         let spec = DatasetMount {
             path: v.target.clone(),
@@ -171,16 +182,17 @@ impl Table {
             snapshot_dir: v.snapshot.then(|| self.host.state_dir.join("snapshots")),
             snapshot_max_age: Duration::from_secs(3600),
         };
-        mount_dataset(&spec, source, self.host.cache.clone()).await.map_err(|e| {
+        let mounted = mount_dataset(&spec, source, self.host.cache.clone()).await.map_err(|e| {
             let text = e.to_string();
             if denied(&text) { PublishError::Denied(text) } else { PublishError::Source(text) }
-        })
+        })?;
+        Ok((mounted, chunks_under))
     }
 
     /// The store a volume reads, the prefix within it, and the key space of its chunks. A
     /// volume of the node's own bucket with no credentials of its own shares the node's store
     /// and its chunk names, so it shares chunks with the node's other mounts and its peers.
-    fn source_for(&self, v: &Volume) -> Result<(ObjectSource, String, String), PublishError> {
+    fn source_for(&self, v: &Volume) -> Result<VolumeStore, PublishError> {
         let node = &self.host.store_config;
         let mut c = ColdConfig { prefix: String::new(), ..node.clone() };
         match &v.source {
@@ -190,7 +202,11 @@ impl Table {
                     && node.bucket.as_deref() == Some(bucket.as_str())
                     && let Some(within) = under(prefix, &node.prefix)
                 {
-                    return Ok((self.host.store.clone(), within, String::new()));
+                    return Ok(VolumeStore {
+                        source: self.host.store.clone(),
+                        prefix: within,
+                        key_space: String::new(),
+                    });
                 }
                 c.kind = ColdKind::S3;
                 c.bucket = Some(bucket.clone());
@@ -222,16 +238,15 @@ impl Table {
         let source = ObjectSource::new(&c, &self.host.state_dir.join("cold"))
             .map_err(|e| PublishError::Source(e.to_string()))?;
         let key_space = format!("{}/", source.describe());
-        Ok((source, prefix, key_space))
+        Ok(VolumeStore { source, prefix, key_space })
     }
 
-    fn add_rule(&self, v: &Volume) -> Option<Rule> {
+    /// The policy rule of `v`'s `pin` or `noCache`, over its chunks, which start with `under`.
+    fn add_rule(&self, v: &Volume, under: &str) -> Option<Rule> {
         if v.pin.is_none() && !v.no_cache {
             return None;
         }
-        let (_, prefix, space) = self.source_for(v).ok()?;
-        let under = if prefix.is_empty() { space } else { format!("{space}{prefix}/") };
-        let rule = Rule::for_prefix(&under, v.pin, v.no_cache);
+        let rule = Rule::for_prefix(under, v.pin, v.no_cache);
         let mut policy = self.host.cache.policy();
         policy.rules.push(rule.clone());
         if let Err(e) = policy.validate() {
