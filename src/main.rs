@@ -7,6 +7,7 @@ mod image_cmd;
 mod mirror_cmd;
 mod mount_cmd;
 mod snapshotter_cmd;
+mod supervise_cmd;
 mod tier_cmd;
 
 use anyhow::Context;
@@ -36,6 +37,8 @@ enum Command {
     Image(image_cmd::ImageArgs),
     /// Convert an image to eStargz or zstd:chunked, for lazy pulls by Strata or stargz-snapshotter.
     Convert(Box<convert_cmd::ConvertArgs>),
+    /// Run a daemon and keep its FUSE connections across its restarts, where systemd does not.
+    Supervise(supervise_cmd::SuperviseArgs),
     /// Internal: detaches the mounts of the process that started it if that process dies.
     #[command(name = strata_cachefs::guard::SUBCOMMAND, hide = true)]
     MountGuard,
@@ -67,6 +70,10 @@ fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     match &cli.command {
         Command::MountGuard => return strata_cachefs::guard::run(),
+        // Before any thread or file exists: the descriptors a service manager passed are
+        // claimed first. Under a descriptor store, mounts outlive the process and no guard
+        // may detach them.
+        Command::Daemon(_) if strata_cachefs::resume::claim() => {}
         // Before any thread or mount exists, so the guard inherits no /dev/fuse descriptor.
         Command::Daemon(_) | Command::Mount(_) => strata_cachefs::guard::start(),
         _ => {}
@@ -85,11 +92,13 @@ fn main() -> std::process::ExitCode {
             Command::Mount(args) => mount_cmd::run(*args, shutdown_signal()).await,
             Command::Image(args) => image_cmd::run(args).await,
             Command::Convert(args) => convert_cmd::run(*args).await,
+            Command::Supervise(args) => return supervise_cmd::run(args).await,
             Command::MountGuard => Ok(()),
         }
+        .map(|()| std::process::ExitCode::SUCCESS)
     });
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {}", render_error(&e));
             std::process::ExitCode::FAILURE
@@ -121,6 +130,7 @@ async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
         config.snapshotter.enabled = true;
         config.snapshotter.socket = s;
     }
+    strata_cachefs::resume::enable(&config.state_dir).context("cannot keep mounts under the state dir")?;
     let mut agent = Agent::start(config).await.context("cannot start the strata daemon")?;
     let stop = strata_tiering::services::Stop::default();
     let stopped = || stop.stopped();
@@ -134,6 +144,19 @@ async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
     let snapshots = snapshotter_cmd::start(&agent, &stop, registry, peer_blobs).await?;
     let mounts = mount_cmd::mount_declared(&agent).await;
     let csi = csi_cmd::start(&agent, &stop).await?;
+    if let Some(resume) = strata_cachefs::resume::get() {
+        resume.notify("READY=1");
+        let restoring = snapshots.as_ref().and_then(|s| s.restoring());
+        tokio::spawn(async move {
+            if let Some(r) = restoring {
+                let _ = r.await;
+            }
+            // Every mount of before the restart that is still configured has been made again by
+            // now, and taken its connection over.
+            resume.drop_untaken();
+        });
+        tokio::spawn(hand_over_on_sigusr2());
+    }
     tokio::spawn({
         let stop = stop.clone();
         async move {
@@ -159,6 +182,17 @@ async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
         c.await?.context("the CSI node plugin failed")?;
     }
     Ok(served?)
+}
+
+/// SIGUSR2 asks for a handover to the next start (an upgrade): the kept mounts stay as they
+/// are, and the process ends at once with the status that has its supervisor (or systemd)
+/// start it again. What was read and not answered is sent again to the successor.
+async fn hand_over_on_sigusr2() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut usr2) = signal(SignalKind::user_defined2()) else { return };
+    usr2.recv().await;
+    tracing::info!("handing the mounts over to the next start");
+    std::process::exit(supervise_cmd::HANDOVER_STATUS);
 }
 
 async fn shutdown_signal() {

@@ -28,6 +28,8 @@ pub struct Running {
     task: JoinHandle<Result<(), ServeError>>,
     proxy: Option<JoinHandle<Result<(), ServeError>>>,
     lazy: Option<Arc<Lazy>>,
+    /// The mounting again of the remote layers from before a restart.
+    restoring: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
 /// Opens the snapshot store, starts serving, and mounts the remote layers it holds again, if
@@ -59,6 +61,7 @@ pub async fn start(
     let snapshotter = Arc::new(opened.with_context(|| format!("cannot open the snapshotter at {}", root.display()))?);
     let mut service = SnapshotService::new(snapshotter.clone(), agent.cache.metrics().clone());
     let mut proxy = None;
+    let mut restoring = None;
     let lazy = if cfg.lazy {
         if let Some(socket) = &cfg.image_service_socket {
             registry.keychain().keep_in(&root.join(CRI_LOGINS_FILE));
@@ -90,12 +93,12 @@ pub async fn start(
         // In the background: a registry that is gone must not hold the daemon's start-up, and
         // a container start mounts what it needs itself if it comes first.
         let (l, s) = (lazy.clone(), snapshotter.clone());
-        tokio::spawn(async move {
+        restoring = Some(tokio::spawn(async move {
             let (ok, failed) = l.restore(&s).await;
             if ok + failed > 0 {
                 tracing::info!(mounted = ok, failed, "remote layers from before the restart");
             }
-        });
+        }));
         service = service.with_lazy(lazy.clone());
         Some(lazy)
     } else {
@@ -103,10 +106,16 @@ pub async fn start(
     };
     let listener = server::bind(&cfg.socket).await?;
     tracing::info!(socket = %cfg.socket.display(), root = %root.display(), lazy = cfg.lazy, "containerd snapshotter serving");
-    Ok(Some(Running { task: tokio::spawn(server::serve(service, listener, stop.stopped())), proxy, lazy }))
+    let restoring = std::sync::Mutex::new(restoring);
+    Ok(Some(Running { task: tokio::spawn(server::serve(service, listener, stop.stopped())), proxy, lazy, restoring }))
 }
 
 impl Running {
+    /// The mounting again of the layers from before a restart, once.
+    pub fn restoring(&self) -> Option<JoinHandle<()>> {
+        self.restoring.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
     /// The admin routes the snapshotter adds: its layer reports (`strata image layers`).
     pub fn routes(&self) -> axum::Router {
         let lazy = self.lazy.clone();

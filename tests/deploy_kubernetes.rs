@@ -61,7 +61,11 @@ fn the_kubernetes_manifests_agree_with_the_agent_and_containerd() {
         .find(|m| kube::volume(pod, m["name"].as_str().unwrap())["configMap"]["name"] == "strata-config")
         .expect("the ConfigMap is mounted");
     let config_path = format!("{}/config.toml", config_mount["mountPath"].as_str().unwrap());
-    assert_eq!(kube::strings(&c["args"]), ["daemon", "--config", config_path.as_str()]);
+    assert_eq!(
+        kube::strings(&c["args"]),
+        ["supervise", "--", "/usr/local/bin/strata", "daemon", "--config", config_path.as_str()],
+        "the daemon runs under the supervisor that keeps its mounts across its restarts"
+    );
     assert_eq!(c["securityContext"]["privileged"], true, "FUSE mounts and Bidirectional propagation need it");
     assert!(
         c["volumeMounts"].as_array().unwrap().iter().any(|m| m["mountPath"] == "/dev/fuse"),

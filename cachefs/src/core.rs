@@ -11,6 +11,7 @@ mod rewrite_tests;
 
 use crate::namespace::{Namespace, Node, NodeKind, NsError};
 use crate::readahead::ReadAhead;
+use crate::resume::{Journal, Record, Restored};
 use crate::staging::{self, Staged};
 use crate::streaming::StreamError;
 use crate::window::{ChunkFuture, Window};
@@ -98,6 +99,8 @@ struct Inodes {
     changed_floor: u64,
     /// When `changed` was last emptied.
     changed_floor_at: Option<Instant>,
+    /// Where each inode given out is written down, for a successor (see `resume`).
+    journal: Option<Arc<Journal>>,
 }
 
 impl Inodes {
@@ -114,13 +117,30 @@ impl Inodes {
         if let Some(l) = link {
             self.by_link.insert(l, ino);
         }
+        let same = self.journal.is_none() || self.by_ino.get(&ino).is_some_and(|i| i.path == path && i.node == node);
         match self.by_ino.get_mut(&ino) {
             Some(i) if i.path != path && link.is_some() => i.node = Node { name: i.node.name.clone(), ..node },
             _ => {
                 self.by_ino.insert(ino, Inode { path: path.to_string(), node });
             }
         }
+        if !same {
+            self.note(ino);
+        }
         ino
+    }
+
+    /// Sets what inode `ino` is.
+    fn put(&mut self, ino: u64, inode: Inode) {
+        self.by_ino.insert(ino, inode);
+        self.note(ino);
+    }
+
+    /// Writes down what inode `ino` is now, if a journal is kept.
+    fn note(&self, ino: u64) {
+        if let (Some(j), Some(i)) = (&self.journal, self.by_ino.get(&ino)) {
+            j.append(&Record::Inode { ino, path: i.path.clone(), node: i.node.clone() });
+        }
     }
 
     /// Counts a change of the tree touching `paths`: the directory of each changed now.
@@ -262,6 +282,8 @@ pub struct FsCore {
     /// gets there, the file may have been rewritten, with the same size and even the same
     /// version string.
     published: Mutex<HashMap<u64, (u64, String)>>,
+    /// Where open read handles are written down, for a successor (see `resume`).
+    journal: std::sync::OnceLock<Arc<Journal>>,
 }
 
 /// Marks an inode as being renamed for as long as it lives.
@@ -350,6 +372,7 @@ impl FsCore {
             ahead: Arc::new(tokio::sync::Semaphore::new(chunks / 2)),
             renaming: Mutex::new(Default::default()),
             published: Mutex::new(HashMap::new()),
+            journal: std::sync::OnceLock::new(),
         }
     }
 
@@ -806,6 +829,11 @@ impl FsCore {
     ) -> u64 {
         let fetcher = self.ns.fetcher(&path, &node);
         let fh = self.next_fh.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if staged.is_none()
+            && let Some(j) = self.journal.get()
+        {
+            j.append(&Record::Handle { fh, ino, path: path.clone(), node: node.clone(), in_place });
+        }
         let h = Arc::new(Handle {
             ino,
             path,
@@ -818,6 +846,43 @@ impl FsCore {
         });
         self.handles.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, h);
         fh
+    }
+
+    /// Writes what this mount gives out to `journal` from now on, for a successor.
+    pub fn journal_to(&self, journal: Journal) {
+        let j = Arc::new(journal);
+        self.inodes.write().unwrap_or_else(|p| p.into_inner()).journal = Some(j.clone());
+        let _ = self.journal.set(j);
+    }
+
+    /// Takes on the inodes and read handles an earlier process gave the kernel. Call before
+    /// the mount serves a request.
+    pub fn restore(&self, state: &Restored) {
+        let mut t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        for (ino, (path, node)) in &state.inodes {
+            t.by_path.insert(path.clone(), *ino);
+            if let Some(l) = node.posix.and_then(|p| p.link) {
+                t.by_link.insert(l, *ino);
+            }
+            t.by_ino.insert(*ino, Inode { path: path.clone(), node: node.clone() });
+            t.next = t.next.max(ino + 1);
+        }
+        drop(t);
+        let mut handles = self.handles.lock().unwrap_or_else(|p| p.into_inner());
+        for (fh, h) in &state.handles {
+            let handle = Handle {
+                ino: h.ino,
+                path: h.path.clone(),
+                node: h.node.clone(),
+                fetcher: self.ns.fetcher(&h.path, &h.node),
+                staged: None,
+                in_place: h.in_place,
+                ahead: Mutex::new(ReadAhead::default()),
+                window: Mutex::new(Window::default()),
+            };
+            handles.insert(*fh, Arc::new(handle));
+            self.next_fh.fetch_max(fh + 1, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// Whether a handle only reads a published version, and which: what may pass through.
@@ -903,7 +968,7 @@ impl FsCore {
     fn set_node(&self, ino: u64, path: &str, node: Node) {
         let mut t = self.changing(&[path]);
         t.by_path.insert(path.to_string(), ino);
-        t.by_ino.insert(ino, Inode { path: path.to_string(), node });
+        t.put(ino, Inode { path: path.to_string(), node });
     }
 
     fn ino_for(&self, path: &str, node: Node) -> u64 {
@@ -1084,6 +1149,9 @@ impl FsCore {
                 None => return true,
             }
         };
+        if let Some(j) = self.journal.get() {
+            j.append(&Record::Closed { fh });
+        }
         // A reader done with a file may have pulled all of it into the hot tier. Waking the
         // assembler only to find the copy there would cost a thread hop per file in every
         // epoch after the first.
@@ -1489,7 +1557,7 @@ impl FsCore {
             {
                 t.by_ino.remove(&old);
             }
-            t.by_ino.insert(src.ino, Inode { path: to.clone(), node });
+            t.put(src.ino, Inode { path: to.clone(), node });
         }
         drop(staged);
         // A file the rename replaced that is still open for writing is now nameless, as after

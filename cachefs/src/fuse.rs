@@ -42,6 +42,8 @@ pub struct StrataFs {
     implicit: Option<Arc<Implicit>>,
     /// The process that opened each handle that writes: only its flushes publish.
     openers: Arc<Openers>,
+    /// Where what the kernel offered at INIT goes, for a successor to replay.
+    init_seen: Arc<std::sync::OnceLock<crate::resume::InitRecord>>,
 }
 
 impl std::fmt::Debug for StrataFs {
@@ -62,7 +64,13 @@ impl StrataFs {
             modes: Arc::new(IoModes::default()),
             implicit: None,
             openers: Arc::default(),
+            init_seen: Arc::default(),
         }
+    }
+
+    /// What the kernel offered at INIT, once the session has started.
+    pub fn init_seen(&self) -> Arc<std::sync::OnceLock<crate::resume::InitRecord>> {
+        self.init_seen.clone()
     }
 
     /// For a read-only tree that never changes under the mount: the kernel sends no opens and
@@ -111,6 +119,7 @@ fn errno(op: &str, e: &FsError) -> Errno {
 
 impl Filesystem for StrataFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = self.init_seen.set(crate::resume::InitRecord::of(config));
         // 1 MiB requests (the kernel's max_pages_limit here) instead of the 128 KiB default.
         let _ = config.set_max_readahead(1 << 20);
         let _ = config.set_max_background(64);

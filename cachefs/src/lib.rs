@@ -17,6 +17,7 @@ pub mod objects;
 mod openers;
 mod passthrough;
 pub mod readahead;
+pub mod resume;
 pub mod snapshot;
 pub mod staging;
 mod streaming;

@@ -4,6 +4,7 @@
 use crate::core::FsCore;
 use crate::fuse::{KernelTtl, StrataFs};
 use fuser::{BackgroundSession, Config, MountOption, SessionACL};
+use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -37,7 +38,9 @@ pub struct MountOptions {
 }
 
 /// Mounts `core` at `mountpoint`; the mount lives as long as the returned session. A crashed
-/// process leaves no stale mount: fusermount3 unmounts it (`AutoUnmount`).
+/// process leaves no stale mount: fusermount3 unmounts it (`AutoUnmount`). Under a descriptor
+/// store (see [`crate::resume`]) the connection is kept instead, and a mount an earlier run
+/// left at `mountpoint` is taken over, open files and all.
 pub fn mount(
     core: Arc<FsCore>,
     mountpoint: &Path,
@@ -45,6 +48,24 @@ pub fn mount(
     opts: &MountOptions,
 ) -> Result<BackgroundSession, MountError> {
     let path = mountpoint.display().to_string();
+    let resume = crate::resume::get();
+    if let Some(r) = resume
+        && let Some(adopted) = r.adopt(mountpoint)
+    {
+        let started = std::time::Instant::now();
+        match take_over(core.clone(), mountpoint, rt.clone(), opts, adopted) {
+            Ok(session) => {
+                info!(mountpoint = %path, took = ?started.elapsed(), "took over the mount an earlier run left");
+                return Ok(session);
+            }
+            Err(e) => {
+                // The kept connection is unusable: its mount goes, and a new one replaces it.
+                warn!(mountpoint = %path, error = %e, "cannot take over the kept mount; mounting anew");
+                r.release(mountpoint);
+                let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+    }
     // A mount left by a process that died, and that nothing detached.
     if detach_if_dead(mountpoint) == Probe::Detached {
         warn!(mountpoint = %path, "detaching a dead mount left here before mounting again");
@@ -54,13 +75,79 @@ pub fn mount(
     if !meta.is_dir() {
         return Err(MountError::MountPoint { path, message: "not a directory".into() });
     }
+    let config = session_config(&core, opts, resume.is_some());
+    let fs = filesystem(core.clone(), rt, opts);
+    let init_seen = fs.init_seen();
+    let fuse_err = |source| MountError::Fuse { path: path.clone(), source };
+    let session = match resume {
+        None => {
+            let session = fuser::Session::new(fs, mountpoint, &config).map_err(fuse_err)?;
+            crate::guard::watch(mountpoint);
+            session
+        }
+        Some(r) => {
+            let how = crate::resume::KeptMount {
+                fsname: &fsname(&core),
+                allow_other: opts.allow_other,
+                dev_suid: opts.dev_suid,
+                read_only: !core.writable(),
+            };
+            let conn = crate::resume::mount_kept(mountpoint, &how).map_err(fuse_err)?;
+            let kept = conn.try_clone().map_err(fuse_err)?;
+            let session = match fuser::Session::from_fd(fs, conn, config.acl, config.clone()) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
+                    return Err(fuse_err(e));
+                }
+            };
+            let journal = init_seen
+                .get()
+                .ok_or_else(|| "the session started without an INIT".to_string())
+                .and_then(|init| r.keep(mountpoint, kept.as_fd(), *init));
+            match journal {
+                Ok(journal) => core.journal_to(journal),
+                Err(e) => {
+                    warn!(mountpoint = %path, error = %e, "cannot keep the mount's connection; a restart will end it")
+                }
+            }
+            session
+        }
+    };
+    let session = session.spawn().map_err(|source| MountError::Fuse { path: path.clone(), source })?;
+    raise_read_ahead(mountpoint, opts.read_ahead_kb);
+    info!(mountpoint = %path, threads = opts.threads, "mounted");
+    Ok(session)
+}
+
+/// Serves the connection an earlier run kept for `mountpoint`, with its inodes and open
+/// handles from the journal.
+fn take_over(
+    core: Arc<FsCore>,
+    mountpoint: &Path,
+    rt: tokio::runtime::Handle,
+    opts: &MountOptions,
+    adopted: crate::resume::Adopted,
+) -> std::io::Result<BackgroundSession> {
+    let state = crate::resume::Journal::read(&adopted.journal)?;
+    core.restore(&state);
+    core.journal_to(crate::resume::Journal::rewrite(&adopted.journal, &state)?);
+    let config = session_config(&core, opts, true);
+    let fs = filesystem(core, rt, opts);
+    let session = crate::resume::session::resume(fs, adopted.conn, &config, &adopted.init)?;
+    if let Err(e) = crate::resume::session::resend(session.as_fd()) {
+        warn!(mountpoint = %mountpoint.display(), error = %e, "the kernel cannot resend what the last run read and did not answer; those requests wait until their caller gives up");
+    }
+    session.spawn()
+}
+
+fn session_config(core: &FsCore, opts: &MountOptions, kept: bool) -> Config {
     let mut config = Config::default();
-    config.mount_options = vec![
-        // fusermount3 splits options on commas, so none may appear in the name.
-        MountOption::FSName(format!("strata:{}", core.describe()).replace(',', ";")),
-        MountOption::Subtype("strata".into()),
-        MountOption::AutoUnmount,
-    ];
+    config.mount_options = vec![MountOption::FSName(fsname(core)), MountOption::Subtype("strata".into())];
+    // A kept connection must outlive the process: nothing may unmount it when this one dies.
+    if !kept {
+        config.mount_options.push(MountOption::AutoUnmount);
+    }
     if !opts.dev_suid {
         config.mount_options.extend([MountOption::NoDev, MountOption::NoSuid]);
     }
@@ -70,20 +157,26 @@ pub fn mount(
     } else {
         config.acl = SessionACL::RootAndOwner;
     }
-    let writable = core.writable();
-    if !writable {
+    if !core.writable() {
         config.mount_options.push(MountOption::RO);
     }
     config.n_threads = Some(opts.threads.max(1));
-    config.clone_fd = opts.threads > 1;
+    // Requests a cloned descriptor read are failed when the process holding it dies, while
+    // those read on the kept one wait to be sent again: a kept mount's threads share it.
+    config.clone_fd = opts.threads > 1 && !kept;
+    config
+}
+
+/// The mount's source, as `mount` and `df` show it. fusermount3 splits options on commas, so
+/// none may appear in it.
+fn fsname(core: &FsCore) -> String {
+    format!("strata:{}", core.describe()).replace(',', ";")
+}
+
+fn filesystem(core: Arc<FsCore>, rt: tokio::runtime::Handle, opts: &MountOptions) -> StrataFs {
+    let writable = core.writable();
     let fs = StrataFs::new(core, rt, opts.ttl, current_uid(), current_gid());
-    let fs = if opts.immutable && !writable { fs.without_opens() } else { fs };
-    let session = fuser::spawn_mount(fs, mountpoint, &config)
-        .map_err(|source| MountError::Fuse { path: path.clone(), source })?;
-    crate::guard::watch(mountpoint);
-    raise_read_ahead(mountpoint, opts.read_ahead_kb);
-    info!(mountpoint = %path, threads = opts.threads, "mounted");
-    Ok(session)
+    if opts.immutable && !writable { fs.without_opens() } else { fs }
 }
 
 /// Unmounts and waits for the session's threads. The mount is detached explicitly (as
@@ -93,6 +186,9 @@ pub fn mount(
 /// access fails with ENOTCONN).
 pub fn unmount(session: BackgroundSession, mountpoint: &Path, wait: std::time::Duration) -> Result<(), MountError> {
     let path = mountpoint.display().to_string();
+    if let Some(r) = crate::resume::get() {
+        r.release(mountpoint);
+    }
     let detached = std::process::Command::new("fusermount3")
         .args(["-u", "-z"])
         .arg(mountpoint)

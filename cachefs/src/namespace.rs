@@ -9,7 +9,7 @@ use strata_tiering::source::SourceError;
 use strata_tiering::upload::PartUpload;
 use strata_tiering::{ChunkKey, Fetcher};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum NodeKind {
     File,
     Dir,
@@ -21,7 +21,7 @@ pub enum NodeKind {
 
 /// Ownership and permissions a namespace knows (an image layer does; an object store does
 /// not, and its files get the mount's owner and default modes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Posix {
     /// Permission bits with setuid, setgid and sticky.
     pub mode: u32,
@@ -35,7 +35,7 @@ pub struct Posix {
 }
 
 /// One entry of a directory.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Node {
     pub name: String,
     pub kind: NodeKind,

@@ -145,6 +145,8 @@ pub struct Daemon {
     pub metrics: String,
     /// The network namespace it runs in (`/var/run/netns/NAME`), if not the host's.
     pub netns: Option<String>,
+    /// Run under `strata supervise`, which keeps its FUSE connections across its restarts.
+    pub supervised: bool,
     child: Option<Child>,
 }
 
@@ -175,6 +177,15 @@ impl Daemon {
     /// Writes a config with two tiers under a temp dir plus `body` (the `[cold]` section and
     /// any overrides), and starts the daemon.
     pub fn start(body: &str, hot: &str, warm: &str) -> Daemon {
+        Daemon::start_as(body, hot, warm, false)
+    }
+
+    /// As [`Daemon::start`], under `strata supervise`.
+    pub fn start_supervised(body: &str, hot: &str, warm: &str) -> Daemon {
+        Daemon::start_as(body, hot, warm, true)
+    }
+
+    fn start_as(body: &str, hot: &str, warm: &str, supervised: bool) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("admin.sock");
         let port = free_port();
@@ -186,7 +197,8 @@ impl Daemon {
             sock = socket.display(),
         );
         std::fs::write(&config, text).unwrap();
-        let mut d = Daemon { dir, config, socket, metrics: format!("127.0.0.1:{port}"), netns: None, child: None };
+        let metrics = format!("127.0.0.1:{port}");
+        let mut d = Daemon { dir, config, socket, metrics, netns: None, supervised, child: None };
         d.spawn();
         d
     }
@@ -199,7 +211,7 @@ impl Daemon {
     /// As [`Daemon::with_config`], in network namespace `netns` when given: entered with
     /// nsenter for the network alone, so its sockets and mounts stay where the test sees them.
     pub fn with_config_in(dir: tempfile::TempDir, config: PathBuf, socket: PathBuf, netns: Option<String>) -> Daemon {
-        let mut d = Daemon { dir, config, socket, metrics: String::new(), netns, child: None };
+        let mut d = Daemon { dir, config, socket, metrics: String::new(), netns, supervised: false, child: None };
         d.spawn();
         d
     }
@@ -228,6 +240,9 @@ impl Daemon {
             }
             None => Command::new(BIN),
         };
+        if self.supervised {
+            command.args(["supervise", "--"]).arg(BIN);
+        }
         let child = command
             .args(["daemon", "--config"])
             .arg(&self.config)
@@ -239,6 +254,11 @@ impl Daemon {
             .spawn()
             .expect("strata daemon starts");
         self.child = Some(child);
+        self.wait_ready(seen);
+    }
+
+    /// Waits until the log past byte `seen` says the daemon is ready.
+    fn wait_ready(&mut self, seen: usize) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while !self.log()[seen..].contains("strata daemon ready") {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
@@ -249,12 +269,37 @@ impl Daemon {
         }
     }
 
-    /// The daemon's process id while it runs.
+    /// The daemon's process id while it runs (under `supervise`, the daemon's, not the
+    /// supervisor's).
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        let top = self.child.as_ref().map(Child::id)?;
+        if !self.supervised {
+            return Some(top);
+        }
+        let children = std::fs::read_to_string(format!("/proc/{top}/task/{top}/children")).ok()?;
+        children.split_whitespace().next()?.parse().ok()
+    }
+
+    /// Under `supervise`: sends `signal` to the daemon and waits until the supervisor has
+    /// started it again and it is ready. Returns how long that took.
+    pub fn restart_with(&mut self, signal: &str) -> Duration {
+        assert!(self.supervised, "only a supervised daemon is started again");
+        let pid = self.pid().expect("the supervised daemon runs");
+        let seen = self.log().len();
+        let started = Instant::now();
+        let ok = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status().unwrap();
+        assert!(ok.success(), "kill -{signal} {pid}");
+        self.wait_ready(seen);
+        assert_ne!(self.pid(), Some(pid), "the daemon was not started again:\n{}", self.log());
+        started.elapsed()
     }
 
     pub fn kill9(&mut self) {
+        if self.supervised
+            && let Some(pid) = self.pid()
+        {
+            let _ = Command::new("kill").arg("-KILL").arg(pid.to_string()).status();
+        }
         if let Some(mut c) = self.child.take() {
             c.kill().unwrap();
             c.wait().unwrap();

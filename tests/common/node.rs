@@ -47,13 +47,23 @@ impl Node {
         Node::start_in(tempfile::tempdir().unwrap(), extra, cri)
     }
 
+    /// A node whose daemon runs under `strata supervise`, keeping its mounts across restarts.
+    pub fn start_supervised() -> Node {
+        Node::start_as(tempfile::tempdir().unwrap(), "", false, true)
+    }
+
     fn start_in(dir: tempfile::TempDir, extra: &str, cri: bool) -> Node {
+        Node::start_as(dir, extra, cri, false)
+    }
+
+    fn start_as(dir: tempfile::TempDir, extra: &str, cri: bool, supervised: bool) -> Node {
         let socket = dir.path().join("strata-snapshotter.sock");
-        let daemon = Daemon::start(
-            &format!("[snapshotter]\nenabled = true\nsocket = \"{}\"\n{extra}\n", socket.display()),
-            "1GiB",
-            "1GiB",
-        );
+        let config = format!("[snapshotter]\nenabled = true\nsocket = \"{}\"\n{extra}\n", socket.display());
+        let daemon = if supervised {
+            Daemon::start_supervised(&config, "1GiB", "1GiB")
+        } else {
+            Daemon::start(&config, "1GiB", "1GiB")
+        };
         let containerd = Containerd::start_with(dir.path(), &socket, cri);
         Node { daemon, containerd, dir }
     }

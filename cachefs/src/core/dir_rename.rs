@@ -262,7 +262,7 @@ impl FsCore {
                 node.name = new_name.to_string();
             }
             t.by_path.insert(new_path.clone(), ino);
-            t.by_ino.insert(ino, Inode { path: new_path, node });
+            t.put(ino, Inode { path: new_path, node });
         }
         drop(t);
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
