@@ -22,8 +22,11 @@ pub async fn start(
         store_config: agent.config.cold.clone(),
         state_dir: agent.config.state_dir.clone(),
     };
+    let plugin = CsiNode::new(node_id.clone(), host);
+    // Before serving: kubelet's next calls find the volumes of before a restart in place.
+    plugin.restore().await;
     tracing::info!(socket = %cfg.socket.display(), node = %node_id, "CSI node plugin serving");
-    Ok(Some(tokio::spawn(strata_csi::serve(CsiNode::new(node_id, host), listener, stop.stopped()))))
+    Ok(Some(tokio::spawn(strata_csi::serve(plugin, listener, stop.stopped()))))
 }
 
 fn node_id(configured: &str) -> String {

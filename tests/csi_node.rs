@@ -254,3 +254,100 @@ fn kubelet_publishes_volumes_that_a_container_reads_and_writes_through() {
     drop(daemon);
     s3::delete_under(&rgw, &prefix);
 }
+
+/// A pod reading a published volume through daemon restarts: under `strata supervise`, a file
+/// held open and files opened for the first time read right, with no error, through a SIGKILL
+/// and a handover. The successor knows the volume without kubelet publishing it again (its
+/// unpublish unmounts it), and the Secret's key was written to no file.
+#[test]
+#[ignore = "needs root, /dev/fuse and Ceph RGW: run by .ci/run"]
+fn a_volume_a_pod_reads_survives_daemon_restarts_and_stays_known() {
+    use std::os::unix::fs::FileExt;
+    let rgw = Rgw::from_env();
+    let prefix = unique_prefix("csi-restart");
+    let objects: Vec<(String, usize)> = std::iter::once(("big.bin".to_string(), 24 << 20))
+        .chain((0..60).map(|i| (format!("s/{i}.bin"), 50_000)))
+        .collect();
+    let refs: Vec<(&str, usize)> = objects.iter().map(|(n, l)| (n.as_str(), *l)).collect();
+    s3::rt().block_on(upload(rgw.store().as_ref(), &prefix, &refs));
+    let want: Vec<Vec<u8>> = refs.iter().map(|(n, _)| get(&rgw, &format!("{prefix}{n}"))).collect();
+    let kubelet = tempfile::tempdir().unwrap();
+    let socket = kubelet.path().join("plugins").join(DRIVER_NAME).join("csi.sock");
+    let body = rgw.cold_toml("") + &format!("[csi]\nsocket = \"{}\"\nnode_id = \"node-a\"\n", socket.display());
+    let mut daemon = Daemon::start_supervised(&body, "1GiB", "0");
+    wait_until(Duration::from_secs(30), || socket.exists());
+    let rt = s3::rt();
+    let secret: HashMap<String, String> = [
+        ("accessKeyId", rgw.access_key.as_str()),
+        ("secretAccessKey", rgw.secret_key.as_str()),
+        ("endpoint", rgw.endpoint.as_str()),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let source = format!("s3://{}/{}", rgw.bucket, prefix.trim_end_matches('/'));
+    let data = target(kubelet.path(), "pod-r", "dataset");
+    let req =
+        publish("ds-r", &data, Mode::MultiNodeReaderOnly, true, &[("source", &source), ("immutable", "true")], &secret);
+    let mut node = rt.block_on(strata_csi::connect_node(&socket)).unwrap();
+    rt.block_on(node.node_publish_volume(req)).unwrap_or_else(|e| panic!("{e}\n{}", daemon.log()));
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let errors = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let reads = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let reader = {
+        let (stop, errors, reads, data, want) =
+            (stop.clone(), errors.clone(), reads.clone(), data.clone(), want.clone());
+        std::thread::spawn(move || {
+            let big = std::fs::File::open(data.join("big.bin")).unwrap();
+            let mut buf = vec![0u8; 128 << 10];
+            let mut round = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let off = (round * (3 << 20) + 4096) % (want[0].len() - buf.len());
+                match big.read_exact_at(&mut buf, off as u64) {
+                    Ok(()) if buf[..] == want[0][off..off + buf.len()] => {}
+                    Ok(()) => errors.lock().unwrap().push(format!("wrong bytes in big.bin at {off}")),
+                    Err(e) => errors.lock().unwrap().push(format!("big.bin: {e}")),
+                }
+                let i = 1 + round % 60;
+                match std::fs::read(data.join(format!("s/{}.bin", i - 1))) {
+                    Ok(b) if b == want[i] => {}
+                    Ok(_) => errors.lock().unwrap().push(format!("wrong bytes in s/{}.bin", i - 1)),
+                    Err(e) => errors.lock().unwrap().push(format!("s/{}.bin: {e}", i - 1)),
+                }
+                reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                round += 1;
+                std::thread::sleep(Duration::from_millis(30));
+            }
+        })
+    };
+    let went_on = |since: usize| {
+        wait_until(Duration::from_secs(30), || reads.load(std::sync::atomic::Ordering::Relaxed) > since + 5);
+        assert!(reads.load(std::sync::atomic::Ordering::Relaxed) > since + 5, "the reader stopped");
+    };
+    went_on(0);
+    let n = reads.load(std::sync::atomic::Ordering::Relaxed);
+    daemon.restart_with("KILL");
+    went_on(n);
+    let n = reads.load(std::sync::atomic::Ordering::Relaxed);
+    daemon.restart_with("USR2");
+    went_on(n);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    reader.join().unwrap();
+    let errors = errors.lock().unwrap();
+    assert!(errors.is_empty(), "the pod saw errors: {:?}\n{}", &errors[..errors.len().min(10)], daemon.log());
+    assert_eq!(daemon.log().matches("volume of before the restart published again").count(), 2, "{}", daemon.log());
+
+    // The Secret's key is in no file the daemon wrote.
+    for f in files_under(daemon.state()) {
+        let bytes = std::fs::read(&f).unwrap_or_default();
+        let hit = bytes.windows(rgw.secret_key.len()).any(|w| w == rgw.secret_key.as_bytes());
+        assert!(!hit, "{} holds the volume's secret key", f.display());
+    }
+    // kubelet's unpublish after the restarts finds the volume known, and unmounts it.
+    let mut node = rt.block_on(strata_csi::connect_node(&socket)).unwrap();
+    rt.block_on(node.node_unpublish_volume(unpublish("ds-r", &data)))
+        .unwrap_or_else(|e| panic!("{e}\n{}", daemon.log()));
+    assert!(!mounted(&data) && !data.exists(), "the volume outlived its unpublish");
+    s3::delete_under(&rgw, &prefix);
+}

@@ -25,6 +25,11 @@ impl CsiNode {
         CsiNode { node_id, table: Table::new(host) }
     }
 
+    /// Publishes again what was published before a restart (see [`Table::restore`]).
+    pub async fn restore(&self) {
+        self.table.restore().await;
+    }
+
     pub fn into_servers(self) -> (IdentityServer<CsiNode>, NodeServer<CsiNode>) {
         (IdentityServer::new(self.clone()), NodeServer::new(self))
     }

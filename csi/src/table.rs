@@ -14,7 +14,7 @@ use strata_tiering::TieredCache;
 use strata_tiering::policy::Rule;
 use strata_tiering::source::{ColdConfig, ColdKind, ObjectSource};
 use tokio::sync::Mutex;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 /// What the node gives its volumes: its one cache, and its own store, which volumes of the
 /// node's bucket without credentials of their own read through (and through the peer tier).
@@ -76,6 +76,38 @@ impl Table {
     }
 
     pub async fn publish(&self, v: Volume) -> Result<(), PublishError> {
+        self.publish_as(v, false).await
+    }
+
+    /// Publishes again the volumes published before a restart, from what the descriptor store
+    /// kept of them: their mounts (kept too) are taken over, and the pods reading them go on.
+    /// kubelet does not publish a volume again by itself.
+    pub async fn restore(&self) {
+        let Some(resume) = strata_cachefs::resume::get() else { return };
+        for (name, bytes) in resume.take_notes(NOTE_PREFIX) {
+            let v: Volume = match serde_json::from_slice(&bytes) {
+                Ok(v) => v,
+                Err(e) => {
+                    warn!(name, error = %e, "a kept CSI volume does not parse; dropping it");
+                    resume.forget_note(&name);
+                    continue;
+                }
+            };
+            let (id, target) = (v.id.clone(), v.target.clone());
+            match self.publish_as(v, true).await {
+                Ok(()) => {
+                    info!(volume = %id, target = %target.display(), "volume of before the restart published again")
+                }
+                Err(e) => {
+                    error!(volume = %id, target = %target.display(), error = %e, "a volume of before the restart cannot be published again");
+                    resume.forget_note(&name);
+                }
+            }
+        }
+    }
+
+    /// `again`: a publish of before a restart, whose kept mount is at the target.
+    async fn publish_as(&self, v: Volume, again: bool) -> Result<(), PublishError> {
         // One call at a time: kubelet's retries of one target must not mount it twice.
         let mut table = self.published.lock().await;
         if let Some(p) = table.get(&v.target) {
@@ -85,7 +117,7 @@ impl Table {
             let same_volume = p.volume_id == v.id;
             return Err(PublishError::Conflict { target: v.target.clone(), held: p.volume_id.clone(), same_volume });
         }
-        if is_mount_point(&v.target) {
+        if !again && is_mount_point(&v.target) {
             return Err(PublishError::Busy(v.target.clone()));
         }
         let made = !v.target.exists();
@@ -105,6 +137,15 @@ impl Table {
             }
         };
         let rule = self.add_rule(&v, &chunks_under);
+        if !again && let Some(resume) = strata_cachefs::resume::get() {
+            // The request itself, credentials and all, in memory only: kept by the store.
+            let kept = serde_json::to_vec(&v)
+                .map_err(|e| e.to_string())
+                .and_then(|b| resume.keep_note(&note_name(&v.target), &b));
+            if let Err(e) = kept {
+                warn!(volume = %v.id, error = %e, "cannot keep the volume for a restart; a restart will end it");
+            }
+        }
         info!(volume = %v.id, target = %v.target.display(), writable = v.writable, "volume published");
         table.insert(v.target.clone(), Published { volume_id: v.id, fingerprint: v.fingerprint, mounted, rule });
         Ok(())
@@ -124,6 +165,9 @@ impl Table {
         if let Some(p) = table.remove(target) {
             if let Some(rule) = &p.rule {
                 self.remove_rule(rule);
+            }
+            if let Some(resume) = strata_cachefs::resume::get() {
+                resume.forget_note(&note_name(target));
             }
             // Detached at once; files still open keep the session (and their staged writes,
             // which upload as they close) until their pod lets go of them.
@@ -270,6 +314,14 @@ impl Table {
             }
         }
     }
+}
+
+/// Names of the kept publishes in the descriptor store.
+const NOTE_PREFIX: &str = "csi-";
+
+fn note_name(target: &Path) -> String {
+    let h = Sha256::digest(target.as_os_str().as_encoded_bytes());
+    format!("{NOTE_PREFIX}{}", hex::encode(&h[..12]))
 }
 
 /// `prefix` relative to the node store's `root`, if it lies within it.

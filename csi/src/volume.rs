@@ -28,14 +28,15 @@ pub const ATTRIBUTES: [(&str, &str); 7] = [
 /// The keys a volume's Secret may hold.
 pub const SECRET_KEYS: [&str; 5] = ["accessKeyId", "secretAccessKey", "sessionToken", "endpoint", "region"];
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Source {
     S3 { bucket: String, prefix: String },
     Local(PathBuf),
 }
 
-/// A volume's own credentials. Kept in memory only, and never printed.
-#[derive(Clone, PartialEq, Eq, Default)]
+/// A volume's own credentials. Kept in memory only (this process's, and the descriptor
+/// store's across a restart), and never printed.
+#[derive(Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Credentials {
     pub access_key_id: String,
     pub secret_access_key: String,
@@ -50,7 +51,7 @@ impl std::fmt::Debug for Credentials {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Volume {
     pub id: String,
     pub target: PathBuf,

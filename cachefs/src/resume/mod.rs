@@ -155,6 +155,43 @@ impl Resume {
         }
     }
 
+    /// Keeps `bytes` under `name` in the store itself (a sealed memfd), never on disk: what a
+    /// successor needs that may hold secrets (a CSI volume's credentials).
+    pub fn keep_note(&self, name: &str, bytes: &[u8]) -> Result<(), String> {
+        use nix::fcntl::{FcntlArg, SealFlag};
+        use nix::sys::memfd::{MFdFlags, memfd_create};
+        let fd = memfd_create(name, MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING).map_err(|e| e.to_string())?;
+        let file = std::fs::File::from(fd);
+        std::io::Write::write_all(&mut &file, bytes).map_err(|e| e.to_string())?;
+        let seals = SealFlag::F_SEAL_WRITE | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_SEAL;
+        nix::fcntl::fcntl(&file, FcntlArg::F_ADD_SEALS(seals)).map_err(|e| e.to_string())?;
+        self.store.keep(name, std::os::fd::AsFd::as_fd(&file)).map_err(|e| e.to_string())
+    }
+
+    /// Takes the notes passed at start whose names start with `prefix`, with their bytes.
+    pub fn take_notes(&self, prefix: &str) -> Vec<(String, Vec<u8>)> {
+        use std::os::unix::fs::FileExt;
+        let mut out = Vec::new();
+        for name in self.store.untaken().into_iter().filter(|n| n.starts_with(prefix)) {
+            let Some(fd) = self.store.take(&name) else { continue };
+            let file = std::fs::File::from(fd);
+            let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+            let mut bytes = vec![0u8; len as usize];
+            match file.read_exact_at(&mut bytes, 0) {
+                Ok(()) => out.push((name, bytes)),
+                Err(e) => warn!(name, error = %e, "cannot read a kept note"),
+            }
+        }
+        out
+    }
+
+    /// Has the store drop the note `name`.
+    pub fn forget_note(&self, name: &str) {
+        if let Err(e) = self.store.remove(name) {
+            warn!(name, error = %e, "cannot drop a kept note");
+        }
+    }
+
     /// Tells the store's keeper a state (`READY=1`, `STOPPING=1`).
     pub fn notify(&self, state: &str) {
         if let Err(e) = self.store.notify(state) {
