@@ -40,6 +40,9 @@ pub struct MountArgs {
     /// Retries of a failed request, within --timeout.
     #[arg(long, default_value_t = 3)]
     retries: usize,
+    /// A request that receives nothing for this long is cancelled and retried, within --timeout.
+    #[arg(long, default_value = "10s", value_parser = Dur::parse)]
+    stall_timeout: Dur,
     /// How long listings and attributes are trusted, in the daemon and the kernel.
     #[arg(long, default_value = "60s", value_parser = Dur::parse)]
     metadata_ttl: Dur,
@@ -129,6 +132,7 @@ fn cold_config(a: &MountArgs) -> anyhow::Result<ColdConfig> {
         chunk_size: a.chunk_size,
         timeout: a.timeout,
         retries: a.retries,
+        stall_timeout: a.stall_timeout,
         single_copy_limit: a.single_copy_limit,
         ..ColdConfig::default()
     };

@@ -19,13 +19,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::signal::unix::{SignalKind, signal};
 
+/// A child that dies this soon after its start is crashing in a loop: the wait before its next
+/// start doubles.
+const CRASH_LOOP: Duration = Duration::from_secs(10);
+
 /// The status a daemon exits with to be started again at once (EX_TEMPFAIL).
 pub const HANDOVER_STATUS: i32 = 75;
 
 #[derive(Debug, clap::Args)]
 pub struct SuperviseArgs {
     /// Wait before starting a child that crashed again; doubles while it keeps crashing
-    /// within a minute of its start, up to 5 s.
+    /// within 10 s of its start, up to 5 s.
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     restart_delay: Duration,
     /// The daemon to run, and its arguments.
@@ -83,11 +87,8 @@ pub async fn run(args: SuperviseArgs) -> anyhow::Result<std::process::ExitCode> 
             }
         }
         tokio::time::sleep(delay).await;
-        delay = if started.elapsed() < Duration::from_secs(60) {
-            (delay * 2).min(Duration::from_secs(5))
-        } else {
-            args.restart_delay
-        };
+        delay =
+            if started.elapsed() < CRASH_LOOP { (delay * 2).min(Duration::from_secs(5)) } else { args.restart_delay };
     }
 }
 

@@ -1301,3 +1301,31 @@ fn fuse_root_rgw_full_hot_disk_reads_go_on() {
     }
     m.stop();
 }
+
+/// The hot tier's files are removed underneath the mount (an operator's `rm`, a disk swapped):
+/// reads go on, from the warm tier or RGW, with the right bytes, and none fails.
+#[test]
+#[ignore = "needs root (/dev/fuse) and Ceph RGW: run by .ci/run"]
+fn fuse_root_rgw_hot_files_removed_underneath_reads_go_on() {
+    let rgw = Rgw::from_env();
+    let prefix = unique_prefix("mnt-hot-gone");
+    let len = 6_000_000;
+    rt().block_on(upload(rgw.store().as_ref(), &prefix, &[("big.bin", len)]));
+    let want = data(1 + prefix.len() as u64, len);
+    let dir = tempfile::tempdir().unwrap();
+    let hot = dir.path().join("state/hot");
+    let source = format!("s3://{}/{}", rgw.bucket, prefix.trim_end_matches('/'));
+    let args = ["--endpoint", rgw.endpoint.as_str(), "--region", "us-east-1", "--no-passthrough"];
+    let mut m = Mount::start_in(dir, &source, &args);
+    assert_eq!(sha(&std::fs::read(m.path("big.bin")).unwrap()), sha(&want));
+    let removed: Vec<_> = files_under(&hot).into_iter().filter(|p| std::fs::remove_file(p).is_ok()).collect();
+    assert!(!removed.is_empty(), "the first read left nothing in the hot tier");
+    // Past the page cache, so the reads reach the mount.
+    std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
+    for _ in 0..2 {
+        let got = std::fs::read(m.path("big.bin")).unwrap_or_else(|e| panic!("a read failed: {e}\n{}", m.log()));
+        assert_eq!(sha(&got), sha(&want), "reads go on when the hot tier's files are gone");
+        std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
+    }
+    m.stop();
+}

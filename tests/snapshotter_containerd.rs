@@ -1318,3 +1318,34 @@ fn a_tls_registry_is_read_with_its_ca_or_skip_verify_and_refused_otherwise() {
     let out = node.run_out(&image, "untrusted", &["cat", "/etc/motd"]);
     assert_eq!(out, "strata layer two\n");
 }
+
+/// The registry throttles (503 with `SlowDown`), fails (500), resets and stalls range reads of
+/// a lazy layer's blob: each is retried, and the container starts and prints its line.
+#[test]
+#[ignore = "needs root, containerd, runc, ctr-remote and the test registry: run by .ci/run"]
+fn a_registry_that_throttles_resets_or_stalls_range_reads_is_retried() {
+    let proxy = FaultyRegistry::start(&registry());
+    let layers = Node::start().layer_digests("busybox:esgz");
+    let image = format!("{}/strata/busybox:esgz", proxy.addr);
+    let blob = format!("GET /v2/strata/busybox/blobs/{}", layers[0]);
+    let faults = [
+        Fault::Status { pattern: blob.clone(), times: 2, status: 503, code: "SlowDown".into() },
+        Fault::Status { pattern: blob.clone(), times: 2, status: 500, code: "InternalError".into() },
+        Fault::Reset { pattern: blob.clone(), times: 2 },
+        Fault::Stall { pattern: blob.clone(), times: 1 },
+    ];
+    for (i, fault) in faults.into_iter().enumerate() {
+        // A node of its own each time, so that the container's reads fetch from the registry.
+        let node = Node::start_with("background_fetch = false\nfetch_image_program = false");
+        let out = node.containerd.ctr_remote(&["image", "rpull", "--plain-http", "--snapshotter", "strata", &image]);
+        assert!(out.status.success(), "rpull: {}", String::from_utf8_lossy(&out.stderr));
+        let before = proxy.requests_for(&blob);
+        proxy.set(fault.clone());
+        let started = std::time::Instant::now();
+        let out = node.run_out(&image, &format!("faulty-{i}"), &["busybox", "echo", &format!("started {i}")]);
+        eprintln!("{fault:?}: started in {:?}", started.elapsed());
+        assert_eq!(out, format!("started {i}\n"), "{fault:?}:\n{}", node.daemon.log());
+        assert!(proxy.requests_for(&blob) > before + 1, "{fault:?} was never hit");
+        proxy.set(Fault::None);
+    }
+}

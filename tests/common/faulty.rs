@@ -4,7 +4,9 @@
 //! flip a byte in every ranged answer (a registry serving corrupt bytes), or cut blob answers
 //! short (a truncated blob), or refuse uploads after the first few (a push that fails part-way),
 //! or hold ranged answers back (a slow link), or hang after a few requests (a store that stops
-//! answering mid-operation), or ignore suffix ranges (an older server).
+//! answering mid-operation), or ignore suffix ranges (an older server). For the next few
+//! matching requests it can also answer with an error status (500, 503 `SlowDown`), or send
+//! half the answer and then reset the connection, close it, or stall; or delay every answer.
 //! One request per connection, so each answer can be changed whole; request bodies with a
 //! Content-Length are passed on. It notes the body size of each blob it answers, so a test can
 //! count what its own node fetched while other tests use the same registry.
@@ -43,12 +45,43 @@ pub enum Fault {
     /// Drop suffix ranges (`bytes=-N`) from requests, so the whole blob comes back with 200, as
     /// from a server that does not know them.
     NoSuffixRanges,
+    /// Answer the next `times` requests whose request line contains `pattern` with `status`
+    /// and an S3 error of `code` (`SlowDown`, `InternalError`, `ServiceUnavailable`).
+    Status { pattern: String, times: usize, status: u16, code: String },
+    /// Send half of each of the next `times` matching answers, then reset the connection.
+    Reset { pattern: String, times: usize },
+    /// Send half of each of the next `times` matching answers, then nothing more, ever.
+    Stall { pattern: String, times: usize },
+    /// Send half of each of the next `times` matching answers, then close the connection.
+    TruncateNext { pattern: String, times: usize },
+    /// Hold every answer back this long.
+    Latency(std::time::Duration),
+}
+
+impl Fault {
+    /// For the faults that hit a number of requests: whether this one is hit (and counted).
+    fn hits(&mut self, request_line: &str) -> bool {
+        match self {
+            Fault::Status { pattern, times, .. }
+            | Fault::Reset { pattern, times }
+            | Fault::Stall { pattern, times }
+            | Fault::TruncateNext { pattern, times }
+                if *times > 0 && request_line.contains(pattern.as_str()) =>
+            {
+                *times -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
 }
 
 pub struct FaultyRegistry {
     /// `127.0.0.1:PORT`, to use as the registry host of image references.
     pub addr: String,
     fault: Arc<Mutex<Fault>>,
+    /// Request lines seen, in order.
+    requests: Arc<Mutex<Vec<String>>>,
     /// For each answer to a blob GET, in the order they ended: the blob's digest and the body's
     /// size.
     blobs: Arc<Mutex<Vec<(String, u64)>>>,
@@ -60,16 +93,22 @@ impl FaultyRegistry {
         let addr = listener.local_addr().unwrap().to_string();
         let fault = Arc::new(Mutex::new(Fault::None));
         let blobs = Arc::new(Mutex::new(Vec::new()));
-        let (f, up, b) = (fault.clone(), upstream.to_owned(), blobs.clone());
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let (f, up, b, r) = (fault.clone(), upstream.to_owned(), blobs.clone(), requests.clone());
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
-                let (f, up, b) = (f.clone(), up.clone(), b.clone());
+                let (f, up, b, r) = (f.clone(), up.clone(), b.clone(), r.clone());
                 std::thread::spawn(move || {
-                    let _ = relay(conn, &up, &f, &b);
+                    let _ = relay(conn, &up, &f, &b, &r);
                 });
             }
         });
-        FaultyRegistry { addr, fault, blobs }
+        FaultyRegistry { addr, fault, blobs, requests }
+    }
+
+    /// How many requests whose request line contains `pattern` came in so far.
+    pub fn requests_for(&self, pattern: &str) -> usize {
+        self.requests.lock().unwrap().iter().filter(|l| l.contains(pattern)).count()
     }
 
     /// How many blob answers have been sent so far: a mark for [`FaultyRegistry::blob_answers`].
@@ -93,6 +132,7 @@ fn relay(
     upstream: &str,
     fault: &Mutex<Fault>,
     blobs: &Mutex<Vec<(String, u64)>>,
+    requests: &Mutex<Vec<String>>,
 ) -> std::io::Result<()> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
@@ -104,8 +144,10 @@ fn relay(
     }
     let text = String::from_utf8_lossy(&head).into_owned();
     let request_line = text.lines().next().unwrap_or("").to_owned();
-    let now = {
+    requests.lock().unwrap().push(request_line.clone());
+    let (now, hit) = {
         let mut f = fault.lock().unwrap();
+        let hit = f.hits(&request_line);
         if let Fault::RefuseAfter { pattern, after } = &mut *f
             && request_line.contains(pattern.as_str())
         {
@@ -124,8 +166,21 @@ fn relay(
             }
             *after -= 1;
         }
-        f.clone()
+        (f.clone(), hit)
     };
+    if let (Fault::Status { status, code, .. }, true) = (&now, hit) {
+        let body = format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code><Message>injected</Message></Error>"
+        );
+        let answer = format!(
+            "HTTP/1.1 {status} Injected\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        return client.write_all(answer.as_bytes());
+    }
+    if let Fault::Latency(d) = &now {
+        std::thread::sleep(*d);
+    }
     if let Fault::Refuse(paths) = &now
         && (paths.is_empty() || paths.iter().any(|p| request_line.contains(p.as_str())))
     {
@@ -204,6 +259,20 @@ fn relay(
         client.flush()?;
         std::thread::sleep(*delay);
         answer.drain(..mid);
+    }
+    if hit && let Some(body) = body_at {
+        let mid = body + (answer.len() - body) / 2;
+        client.write_all(&answer[..mid])?;
+        client.flush()?;
+        match now {
+            Fault::Reset { .. } => {
+                let linger = nix::libc::linger { l_onoff: 1, l_linger: 0 };
+                let _ = nix::sys::socket::setsockopt(&client, nix::sys::socket::sockopt::Linger, &linger);
+            }
+            Fault::Stall { .. } => std::thread::sleep(std::time::Duration::from_secs(600)),
+            _ => {}
+        }
+        return Ok(());
     }
     client.write_all(&answer)?;
     // Noted once the answer is out, so that the notes are in the order the answers ended.

@@ -70,6 +70,10 @@ pub struct ColdConfig {
     pub timeout: Dur,
     #[serde(default = "default_retries")]
     pub retries: usize,
+    /// A request that receives nothing for this long (a stalled connection) is cancelled and
+    /// retried, inside `timeout`.
+    #[serde(default = "default_stall_timeout")]
+    pub stall_timeout: Dur,
     /// Chunk size for objects.
     #[serde(default = "default_chunk")]
     pub chunk_size: ByteSize,
@@ -93,6 +97,9 @@ fn default_timeout() -> Dur {
 }
 fn default_retries() -> usize {
     3
+}
+fn default_stall_timeout() -> Dur {
+    Dur::secs(10)
 }
 fn default_chunk() -> ByteSize {
     ByteSize::mib(1)
@@ -294,7 +301,19 @@ impl ObjectSource {
                         ),
                     ));
                 }
-                let mut opts = ClientOptions::new().with_connect_timeout(c.connect_timeout.0).with_timeout(c.timeout.0);
+                if c.stall_timeout.0.is_zero() || c.stall_timeout.0 >= c.timeout.0 {
+                    return Err(cfg_err(
+                        "stall_timeout",
+                        format!(
+                            "must be above 0 and below timeout ({}), so that a stalled request is retried",
+                            c.timeout
+                        ),
+                    ));
+                }
+                let mut opts = ClientOptions::new()
+                    .with_connect_timeout(c.connect_timeout.0)
+                    .with_timeout(c.timeout.0)
+                    .with_read_timeout(c.stall_timeout.0);
                 if let Some(path) = &c.ca_file {
                     let pem = std::fs::read(path)
                         .map_err(|e| cfg_err("ca_file", format!("cannot read {}: {e}", path.display())))?;

@@ -850,6 +850,9 @@ fn passes(e: &RegistryError) -> bool {
     }
 }
 
+/// How long an answer may send nothing before it is given up as stalled.
+const STALL_TIMEOUT: Duration = Duration::from_secs(10);
+
 fn build_client(
     skip_verify: bool,
     roots: Vec<reqwest::Certificate>,
@@ -861,7 +864,9 @@ fn build_client(
     };
     builder
         .connect_timeout(Duration::from_secs(10))
-        .read_timeout(Duration::from_secs(60))
+        // An answer that sends nothing for this long (a stalled connection) is cancelled, and
+        // the read is sent again (see `send`), as the object store's `stall_timeout` does.
+        .read_timeout(STALL_TIMEOUT)
         .danger_accept_invalid_certs(skip_verify)
         .tls_certs_merge(roots)
         .user_agent(concat!("strata/", env!("CARGO_PKG_VERSION")))
