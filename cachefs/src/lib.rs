@@ -12,6 +12,7 @@ pub mod guard;
 mod implicit;
 mod keeper;
 pub mod mount;
+pub mod mountinfo;
 pub mod namespace;
 pub mod objects;
 mod openers;

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use strata_cachefs::mountinfo::is_mount_point;
 use strata_cachefs::{DatasetMount, Mounted, mount_dataset};
 use strata_tiering::TieredCache;
 use strata_tiering::policy::Rule;
@@ -352,35 +353,6 @@ fn denied(text: &str) -> bool {
         .any(|w| text.contains(w))
 }
 
-/// Whether `path` is itself a mount point, from the kernel's table of this process's mounts.
-pub fn is_mount_point(path: &Path) -> bool {
-    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
-    let want = path.to_string_lossy();
-    let want = want.trim_end_matches('/');
-    table.lines().any(|l| l.split(' ').nth(4).is_some_and(|m| unescape(m) == want))
-}
-
-/// mountinfo writes space, tab, newline and backslash in a path as octal escapes.
-fn unescape(s: &str) -> String {
-    let mut out = Vec::with_capacity(s.len());
-    let b = s.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        let octal = b.get(i + 1..i + 4).filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
-        match octal {
-            Some(d) if b[i] == b'\\' => {
-                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
-                i += 4;
-            }
-            _ => {
-                out.push(b[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -391,13 +363,6 @@ mod tests {
         assert_eq!(under("data/x", "data").as_deref(), Some("x"));
         assert_eq!(under("data", "data/").as_deref(), Some(""));
         assert_eq!(under("database/x", "data"), None);
-    }
-
-    #[test]
-    fn mountinfo_paths_are_unescaped() {
-        assert_eq!(unescape(r"/var/lib/a\040b"), "/var/lib/a b");
-        assert_eq!(unescape(r"/plain"), "/plain");
-        assert_eq!(unescape(r"/tail\04"), r"/tail\04");
     }
 
     #[test]

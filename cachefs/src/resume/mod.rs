@@ -7,13 +7,13 @@
 pub mod fds;
 mod fdstore;
 mod journal;
-mod mountinfo;
 pub mod session;
 
 pub use fdstore::{FdStore, FdStoreError};
 pub use journal::{HandleRecord, Journal, Record, Restored};
 pub use session::InitRecord;
 
+use crate::mountinfo;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::os::fd::{BorrowedFd, OwnedFd};

@@ -19,7 +19,15 @@ fn device_in(table: &str, want: &str) -> Option<String> {
     })
 }
 
-/// Mount points escape space, tab, newline and backslash as octal.
+/// Whether `path` is itself a mount point, from the kernel's table of this process's mounts.
+pub fn is_mount_point(path: &Path) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    let want = path.to_string_lossy();
+    let want = want.trim_end_matches('/');
+    table.lines().any(|l| l.split(' ').nth(4).is_some_and(|m| unescape(m) == want))
+}
+
+/// mountinfo writes space, tab, newline and backslash in a path as octal escapes.
 fn unescape(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
@@ -46,5 +54,12 @@ mod tests {
                  91 90 0:53 / /mnt/data\\040set rw - fuse.strata strata:y rw\n";
         assert_eq!(super::device_in(t, "/mnt/data set").as_deref(), Some("0:53"));
         assert_eq!(super::device_in(t, "/mnt/data"), None);
+    }
+
+    #[test]
+    fn mountinfo_paths_are_unescaped() {
+        assert_eq!(super::unescape(r"/var/lib/a\040b"), "/var/lib/a b");
+        assert_eq!(super::unescape(r"/plain"), "/plain");
+        assert_eq!(super::unescape(r"/tail\04"), r"/tail\04");
     }
 }
