@@ -40,7 +40,8 @@ pub struct MountArgs {
     /// Retries of a failed request, within --timeout.
     #[arg(long, default_value_t = 3)]
     retries: usize,
-    /// A request that receives nothing for this long is cancelled and retried, within --timeout.
+    /// A request that receives nothing for this long is cancelled and retried (at most half of
+    /// --timeout is used).
     #[arg(long, default_value = "10s", value_parser = Dur::parse)]
     stall_timeout: Dur,
     /// How long listings and attributes are trusted, in the daemon and the kernel.

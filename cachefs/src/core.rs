@@ -11,7 +11,7 @@ mod rewrite_tests;
 
 use crate::namespace::{Namespace, Node, NodeKind, NsError};
 use crate::readahead::ReadAhead;
-use crate::resume::{Journal, Record, Restored};
+use crate::resume::{HandleRecord, Journal, Record, Restored};
 use crate::staging::{self, Staged};
 use crate::streaming::StreamError;
 use crate::window::{ChunkFuture, Window};
@@ -829,11 +829,13 @@ impl FsCore {
     ) -> u64 {
         let fetcher = self.ns.fetcher(&path, &node);
         let fh = self.next_fh.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if staged.is_none()
-            && let Some(j) = self.journal.get()
-        {
-            j.append(&Record::Handle { fh, ino, path: path.clone(), node: node.clone(), in_place });
-        }
+        let record = (staged.is_none() && self.journal.get().is_some()).then(|| Record::Handle {
+            fh,
+            ino,
+            path: path.clone(),
+            node: node.clone(),
+            in_place,
+        });
         let h = Arc::new(Handle {
             ino,
             path,
@@ -845,7 +847,34 @@ impl FsCore {
             window: Mutex::new(Window::default()),
         });
         self.handles.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, h);
+        // After the insert: a compaction of the journal that missed the record saw the handle.
+        if let (Some(r), Some(j)) = (record, self.journal.get()) {
+            j.append(&r);
+            self.compact_journal_if_due();
+        }
         fh
+    }
+
+    /// Writes the journal whole again once its appends outgrow it, from the inode table and the
+    /// read handles as they are. Both are held until it is written: an inode given out (which
+    /// appends under the table's lock) or a handle opened meanwhile goes to the new file.
+    fn compact_journal_if_due(&self) {
+        let Some(j) = self.journal.get().filter(|j| j.wants_compacting()) else { return };
+        let t = self.inodes.write().unwrap_or_else(|p| p.into_inner());
+        let handles = self.handles.lock().unwrap_or_else(|p| p.into_inner());
+        let state = Restored {
+            inodes: t.by_ino.iter().map(|(ino, i)| (*ino, (i.path.clone(), i.node.clone()))).collect(),
+            handles: handles
+                .iter()
+                .filter(|(_, h)| h.staged.is_none())
+                .map(|(fh, h)| {
+                    let r =
+                        HandleRecord { ino: h.ino, path: h.path.clone(), node: h.node.clone(), in_place: h.in_place };
+                    (*fh, r)
+                })
+                .collect(),
+        };
+        j.compact(&state);
     }
 
     /// Writes what this mount gives out to `journal` from now on, for a successor.
@@ -1151,6 +1180,7 @@ impl FsCore {
         };
         if let Some(j) = self.journal.get() {
             j.append(&Record::Closed { fh });
+            self.compact_journal_if_due();
         }
         // A reader done with a file may have pulled all of it into the hot tier. Waking the
         // assembler only to find the copy there would cost a thread hop per file in every

@@ -68,6 +68,12 @@ impl StrataFs {
         }
     }
 
+    /// Takes on the open handles `(fh, ino)` of an earlier process, after a takeover: new opens
+    /// of their inodes use direct I/O until they are closed.
+    pub fn inherit(&self, handles: impl IntoIterator<Item = (u64, u64)>) {
+        self.modes.inherit(handles);
+    }
+
     /// What the kernel offered at INIT, once the session has started.
     pub fn init_seen(&self) -> Arc<std::sync::OnceLock<crate::resume::InitRecord>> {
         self.init_seen.clone()

@@ -134,6 +134,7 @@ fn take_over(
     core.journal_to(crate::resume::Journal::rewrite(&adopted.journal, &state)?);
     let config = session_config(&core, opts, true);
     let fs = filesystem(core, rt, opts);
+    fs.inherit(state.handles.iter().map(|(fh, h)| (*fh, h.ino)));
     let session = crate::resume::session::resume(fs, adopted.conn, &config, &adopted.init)?;
     if let Err(e) = crate::resume::session::resend(session.as_fd()) {
         warn!(mountpoint = %mountpoint.display(), error = %e, "the kernel cannot resend what the last run read and did not answer; those requests wait until their caller gives up");

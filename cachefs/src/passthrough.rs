@@ -41,6 +41,8 @@ struct InodeIo {
     /// The shared backing id, the version of the file it holds, and the opens using it.
     backing: Option<(Arc<BackingId>, String, usize)>,
     cached: usize,
+    /// Opens an earlier process made, in a mode this one does not know.
+    inherited: usize,
 }
 
 /// What a new open is told about the inode's page cache.
@@ -60,6 +62,8 @@ struct Tables {
     pages: HashMap<u64, Option<u64>>,
     /// Each open handle's inode and mode.
     handles: HashMap<u64, (u64, Mode)>,
+    /// Handles an earlier process opened, by inode.
+    inherited: HashMap<u64, u64>,
 }
 
 #[derive(Debug, Default)]
@@ -82,6 +86,12 @@ impl IoModes {
         let wanted = version.map(version_hash);
         let held = g.pages.get(&ino).copied().flatten();
         let io = g.inodes.entry(ino).or_default();
+        // The kernel may read an earlier process's open of this inode through a backing file
+        // this one did not register, or through the page cache: only direct I/O goes with both.
+        if io.inherited > 0 {
+            g.handles.insert(fh, (ino, Mode::Direct));
+            return (Mode::Direct, None, PageCache::Keep);
+        }
         if io.backing.is_none() && io.cached > 0 && wanted.is_some() && held != wanted {
             // Handles of another version read through the page cache: this one goes around it.
             g.handles.insert(fh, (ino, Mode::Direct));
@@ -121,9 +131,27 @@ impl IoModes {
         (out.0, out.1, pages)
     }
 
+    /// Takes on the open handles `(fh, ino)` an earlier process made, after a takeover.
+    pub fn inherit(&self, handles: impl IntoIterator<Item = (u64, u64)>) {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        for (fh, ino) in handles {
+            g.inherited.insert(fh, ino);
+            g.inodes.entry(ino).or_default().inherited += 1;
+        }
+    }
+
     /// Records a close; the backing id is released with the inode's last passthrough open.
     pub fn released(&self, fh: u64) -> Option<Mode> {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(ino) = g.inherited.remove(&fh) {
+            if let Some(io) = g.inodes.get_mut(&ino) {
+                io.inherited -= 1;
+                if io.backing.is_none() && io.cached == 0 && io.inherited == 0 {
+                    g.inodes.remove(&ino);
+                }
+            }
+            return Some(Mode::Direct);
+        }
         let (ino, mode) = g.handles.remove(&fh)?;
         let Some(io) = g.inodes.get_mut(&ino) else { return Some(mode) };
         match mode {
@@ -138,7 +166,7 @@ impl IoModes {
             Mode::Cached => io.cached = io.cached.saturating_sub(1),
             Mode::Direct => {}
         }
-        if io.backing.is_none() && io.cached == 0 {
+        if io.backing.is_none() && io.cached == 0 && io.inherited == 0 {
             g.inodes.remove(&ino);
         }
         Some(mode)
@@ -150,4 +178,25 @@ fn version_hash(version: &str) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     version.hash(&mut h);
     h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_inode_an_earlier_process_holds_open_is_read_direct_until_its_handles_close() {
+        let modes = IoModes::default();
+        modes.inherit([(7, 3), (8, 3)]);
+        let (mode, backing, _) = modes.open(3, 20, Some("v1"), || panic!("no backing file may be registered"));
+        assert_eq!((mode, backing.is_none()), (Mode::Direct, true));
+        // Another inode is not held back.
+        assert_eq!(modes.open(4, 21, Some("v1"), || None).0, Mode::Cached);
+        assert_eq!(modes.released(7), Some(Mode::Direct));
+        assert_eq!(modes.open(3, 22, Some("v1"), || None).0, Mode::Direct, "one inherited handle is still open");
+        assert_eq!(modes.released(8), Some(Mode::Direct));
+        assert_eq!(modes.released(20), Some(Mode::Direct));
+        assert_eq!(modes.released(22), Some(Mode::Direct));
+        assert_eq!(modes.open(3, 23, Some("v1"), || None).0, Mode::Cached, "with them closed, as usual");
+    }
 }

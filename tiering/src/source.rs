@@ -301,19 +301,16 @@ impl ObjectSource {
                         ),
                     ));
                 }
-                if c.stall_timeout.0.is_zero() || c.stall_timeout.0 >= c.timeout.0 {
-                    return Err(cfg_err(
-                        "stall_timeout",
-                        format!(
-                            "must be above 0 and below timeout ({}), so that a stalled request is retried",
-                            c.timeout
-                        ),
-                    ));
+                if c.stall_timeout.0.is_zero() {
+                    return Err(cfg_err("stall_timeout", "must be above 0".into()));
                 }
+                // At most half the operation's bound, so that a stall shows in time for a retry
+                // inside it.
+                let stall = c.stall_timeout.0.min(c.timeout.0 / 2);
                 let mut opts = ClientOptions::new()
                     .with_connect_timeout(c.connect_timeout.0)
                     .with_timeout(c.timeout.0)
-                    .with_read_timeout(c.stall_timeout.0);
+                    .with_read_timeout(stall);
                 if let Some(path) = &c.ca_file {
                     let pem = std::fs::read(path)
                         .map_err(|e| cfg_err("ca_file", format!("cannot read {}: {e}", path.display())))?;

@@ -2,14 +2,16 @@
 //! kernel may hold (with its path and what it shows) and every open read handle (with the
 //! version it reads). Kept as an append-only file of JSON lines, written as each number is
 //! given out, so that it is whole even when the process is killed: a kernel write is not lost
-//! with the process that made it. A successor reads it, and writes it again compacted.
+//! with the process that made it. A successor reads it, and writes it again compacted; so does
+//! the process itself once the appends outgrow the last compacted copy (a data loader opening
+//! millions of files adds two records per file).
 
 use crate::namespace::Node;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "t")]
@@ -57,10 +59,17 @@ impl Restored {
     }
 }
 
+/// Appends past which the journal is compacted: this many bytes, or four times the last
+/// compacted size if that is more.
+const COMPACT_AFTER: u64 = 64 << 20;
+
 #[derive(Debug)]
 pub struct Journal {
     path: PathBuf,
-    file: std::fs::File,
+    file: std::sync::Mutex<std::fs::File>,
+    /// Bytes appended since the file was last written whole, and when to write it whole again.
+    appended: AtomicU64,
+    compact_at: AtomicU64,
     /// A write failed: the journal no longer describes the mount, and says so once.
     failed: AtomicBool,
 }
@@ -74,7 +83,14 @@ impl Journal {
 
     fn open(path: &Path) -> std::io::Result<Journal> {
         let file = std::fs::OpenOptions::new().append(true).open(path)?;
-        Ok(Journal { path: path.to_owned(), file, failed: AtomicBool::new(false) })
+        let size = file.metadata()?.len();
+        Ok(Journal {
+            path: path.to_owned(),
+            file: std::sync::Mutex::new(file),
+            appended: AtomicU64::new(0),
+            compact_at: AtomicU64::new(COMPACT_AFTER.max(4 * size)),
+            failed: AtomicBool::new(false),
+        })
     }
 
     /// Reads the journal at `path`. A line that does not parse (the last one, cut by a full
@@ -97,29 +113,61 @@ impl Journal {
 
     /// Writes `state` as a new journal at `path` (replacing it whole) and opens it to go on.
     pub fn rewrite(path: &Path, state: &Restored) -> std::io::Result<Journal> {
-        let tmp = path.with_extension("journal.tmp");
-        {
-            let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-            for (ino, (p, node)) in &state.inodes {
-                let r = Record::Inode { ino: *ino, path: p.clone(), node: node.clone() };
-                writeln!(w, "{}", serde_json::to_string(&r).map_err(std::io::Error::other)?)?;
-            }
-            for (fh, h) in &state.handles {
-                let r = Record::Handle {
-                    fh: *fh,
-                    ino: h.ino,
-                    path: h.path.clone(),
-                    node: h.node.clone(),
-                    in_place: h.in_place,
-                };
-                writeln!(w, "{}", serde_json::to_string(&r).map_err(std::io::Error::other)?)?;
-            }
-            w.flush()?;
-        }
-        std::fs::rename(&tmp, path)?;
+        write_whole(path, state)?;
         Self::open(path)
     }
 
+    /// Whether the appends have outgrown the last compacted copy: time for [`Journal::compact`].
+    pub fn wants_compacting(&self) -> bool {
+        self.appended.load(Ordering::Relaxed) > self.compact_at.load(Ordering::Relaxed)
+    }
+
+    /// Replaces the file with `state`, what the mount holds now. The caller holds what keeps
+    /// `state` current (the inode table, the handles) until this returns; appends wait.
+    pub fn compact(&self, state: &Restored) {
+        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let reopened = write_whole(&self.path, state)
+            .and_then(|()| std::fs::OpenOptions::new().append(true).open(&self.path))
+            .and_then(|f| f.metadata().map(|m| (f, m.len())));
+        match reopened {
+            Ok((f, size)) => {
+                *file = f;
+                self.appended.store(0, Ordering::Relaxed);
+                self.compact_at.store(COMPACT_AFTER.max(4 * size), Ordering::Relaxed);
+            }
+            Err(e) => {
+                // Appends go on to the old file, which still describes the mount.
+                self.appended.store(0, Ordering::Relaxed);
+                tracing::warn!(journal = %self.path.display(), error = %e, "cannot compact the mount's journal");
+            }
+        }
+    }
+}
+
+fn write_whole(path: &Path, state: &Restored) -> std::io::Result<()> {
+    let tmp = path.with_extension("journal.tmp");
+    {
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        for (ino, (p, node)) in &state.inodes {
+            let r = Record::Inode { ino: *ino, path: p.clone(), node: node.clone() };
+            writeln!(w, "{}", serde_json::to_string(&r).map_err(std::io::Error::other)?)?;
+        }
+        for (fh, h) in &state.handles {
+            let r = Record::Handle {
+                fh: *fh,
+                ino: h.ino,
+                path: h.path.clone(),
+                node: h.node.clone(),
+                in_place: h.in_place,
+            };
+            writeln!(w, "{}", serde_json::to_string(&r).map_err(std::io::Error::other)?)?;
+        }
+        w.flush()?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
+impl Journal {
     /// Appends one record. One write per record, so a record is in the file or not at all.
     pub fn append(&self, r: &Record) {
         let mut line = match serde_json::to_vec(r) {
@@ -127,9 +175,18 @@ impl Journal {
             Err(e) => return self.fail(&e.to_string()),
         };
         line.push(b'\n');
-        if let Err(e) = (&self.file).write_all(&line) {
-            self.fail(&e.to_string());
+        let file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        match (&*file).write_all(&line) {
+            Ok(()) => {
+                self.appended.fetch_add(line.len() as u64, Ordering::Relaxed);
+            }
+            Err(e) => self.fail(&e.to_string()),
         }
+    }
+
+    #[cfg(test)]
+    fn compact_after(&self, bytes: u64) {
+        self.compact_at.store(bytes, Ordering::Relaxed);
     }
 
     fn fail(&self, error: &str) {
@@ -179,5 +236,30 @@ mod tests {
         let again = Journal::read(&path).unwrap();
         assert_eq!(again.inodes, state.inodes);
         assert!(again.handles.is_empty());
+    }
+
+    #[test]
+    fn a_journal_that_outgrows_its_state_is_compacted_to_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.journal");
+        let j = Journal::create(&path).unwrap();
+        j.compact_after(4096);
+        let mut state = Restored::default();
+        state.inodes.insert(2, ("a".into(), node("a", "v1")));
+        j.append(&Record::Inode { ino: 2, path: "a".into(), node: node("a", "v1") });
+        for fh in 0..100 {
+            j.append(&Record::Handle { fh, ino: 2, path: "a".into(), node: node("a", "v1"), in_place: false });
+            j.append(&Record::Closed { fh });
+        }
+        assert!(j.wants_compacting());
+        let before = std::fs::metadata(&path).unwrap().len();
+        j.compact(&state);
+        assert!(!j.wants_compacting());
+        assert!(std::fs::metadata(&path).unwrap().len() < before / 10);
+        // Appends after the compaction go to the new file.
+        j.append(&Record::Handle { fh: 7, ino: 2, path: "a".into(), node: node("a", "v1"), in_place: false });
+        let read = Journal::read(&path).unwrap();
+        assert_eq!(read.inodes, state.inodes);
+        assert_eq!(read.handles.keys().copied().collect::<Vec<_>>(), vec![7]);
     }
 }
