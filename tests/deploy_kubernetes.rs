@@ -257,9 +257,9 @@ fn out(o: &std::process::Output) -> String {
 fn fuse_root_rgw_a_training_pod_keeps_its_dataset_when_the_agent_pod_is_replaced() {
     let rgw = Rgw::from_env();
     let prefix = unique_prefix("kube");
-    let (ds1, ds2) = (data(41, 3_000_000), data(42, 2_000_000));
+    let (ds1, ds2, ds3) = (data(41, 3_000_000), data(42, 2_000_000), data(43, 1_500_000));
     let store = rgw.store();
-    for (name, bytes) in [("ds1.bin", &ds1), ("ds2.bin", &ds2)] {
+    for (name, bytes) in [("ds1.bin", &ds1), ("ds2.bin", &ds2), ("ds3.bin", &ds3)] {
         let key = object_store::path::Path::from(format!("{prefix}datasets/{name}"));
         s3::rt().block_on(store.put(&key, bytes.clone().into())).expect("upload to RGW");
     }
@@ -340,6 +340,26 @@ fn fuse_root_rgw_a_training_pod_keeps_its_dataset_when_the_agent_pod_is_replaced
             .any(|l| l.contains(&format!(" {state}/")) && l.contains(" fuse.strata ") && l.contains(" strata:")),
         "no lazy layer of the agent under {state} on the host:\n{host_mounts}"
     );
+
+    // The daemon in the agent's pod dies (an OOM kill): the pod's supervisor starts it again on
+    // the kept connections, and both training pods read on, the one without propagation too,
+    // since the mount never went away.
+    let tasks = String::from_utf8_lossy(&node.ctr(&["tasks", "ls"]).stdout).into_owned();
+    let init: u32 = tasks
+        .lines()
+        .find_map(|l| l.strip_prefix("strata-agent ").and_then(|r| r.split_whitespace().next()?.parse().ok()))
+        .unwrap_or_else(|| panic!("no agent task: {tasks}"));
+    let children = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")).unwrap();
+    let daemon = children.split_whitespace().next().expect("the supervisor runs the daemon").to_owned();
+    let took_over = || agent_log().matches("took over the mount an earlier run left").count();
+    let before = took_over();
+    assert!(std::process::Command::new("kill").args(["-KILL", &daemon]).status().unwrap().success());
+    wait_until(Duration::from_secs(60), || took_over() >= before + 2);
+    assert!(took_over() >= before + 2, "the daemon did not take its mounts over:\n{}", agent_log());
+    for id in ["train", "train-unpropagated"] {
+        let o = exec(&node, id, &format!("sha256sum {d}/ds3.bin"));
+        assert!(out(&o).starts_with(&sha(&ds3)), "{id} after the daemon's kill: {}\n{}", out(&o), agent_log());
+    }
 
     // The agent's pod is replaced, as `kubectl delete pod` does: SIGTERM, then a new pod.
     stop_agent(&node, &log);
