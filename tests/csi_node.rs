@@ -56,6 +56,18 @@ fn mounted(path: &Path) -> bool {
     std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().any(|l| l.split(' ').nth(4) == Some(&want))
 }
 
+/// A volume Secret holding RGW's credentials and endpoint, as `nodePublishSecretRef` passes it.
+fn rgw_secret(rgw: &Rgw) -> HashMap<String, String> {
+    [
+        ("accessKeyId", rgw.access_key.as_str()),
+        ("secretAccessKey", rgw.secret_key.as_str()),
+        ("endpoint", rgw.endpoint.as_str()),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
 fn gets_of(rgw: &Rgw, key: &str) -> usize {
     rgw.requests_under(key, 1).iter().filter(|r| r.starts_with("GET ") && !r.contains("list-type")).count()
 }
@@ -88,14 +100,7 @@ fn kubelet_publishes_volumes_that_a_container_reads_and_writes_through() {
 
     // A dataset, read-only, with credentials from its Secret; a checkpoint dir, writable, on
     // the node's own store.
-    let secret: HashMap<String, String> = [
-        ("accessKeyId", rgw.access_key.as_str()),
-        ("secretAccessKey", rgw.secret_key.as_str()),
-        ("endpoint", rgw.endpoint.as_str()),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    let secret = rgw_secret(&rgw);
     let source = format!("s3://{}/{prefix}data", rgw.bucket);
     let ckpt_source = format!("s3://{}/{prefix}ckpt", rgw.bucket);
     let data = target(kubelet.path(), "pod-1", "dataset");
@@ -277,14 +282,7 @@ fn a_volume_a_pod_reads_survives_daemon_restarts_and_stays_known() {
     let mut daemon = Daemon::start_supervised(&body, "1GiB", "0");
     wait_until(Duration::from_secs(30), || socket.exists());
     let rt = s3::rt();
-    let secret: HashMap<String, String> = [
-        ("accessKeyId", rgw.access_key.as_str()),
-        ("secretAccessKey", rgw.secret_key.as_str()),
-        ("endpoint", rgw.endpoint.as_str()),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    let secret = rgw_secret(&rgw);
     let source = format!("s3://{}/{}", rgw.bucket, prefix.trim_end_matches('/'));
     let data = target(kubelet.path(), "pod-r", "dataset");
     let req =
